@@ -1,0 +1,163 @@
+package nvme
+
+import (
+	"fmt"
+	"math/bits"
+)
+
+// The NP extension: two commands in vendor specific opcode space that let an
+// nprdma initiator read a namespace with one-sided RDMA READs straight out
+// of the target's unpinned memory region. Stock hosts never send them. See
+// docs/nvme.md for the protocol.
+
+// RegionDescriptorFormat1 is the only region descriptor format so far.
+const RegionDescriptorFormat1 = 1
+
+// RegionDescriptorSize is the size of a format 1 region descriptor, and the
+// exact data transfer of NP Get Region Descriptor.
+const RegionDescriptorSize = 64
+
+// Region descriptor flags.
+const (
+	// RegionRemoteRead: the region may be read with one-sided RDMA READs
+	// using RKey.
+	RegionRemoteRead uint16 = 1 << 0
+	// RegionUnpinned: pages may be absent; a READ then returns the magic
+	// page and the host must reread those blocks with a Read command.
+	RegionUnpinned uint16 = 1 << 1
+	// RegionAdvise: the controller accepts NP Advise for this namespace.
+	RegionAdvise uint16 = 1 << 2
+)
+
+// RegionDescriptor tells a host where a namespace lives in the target's
+// registered memory (format 1, 64 bytes, little-endian):
+//
+//	@0  u16 Format (1)
+//	@2  u16 Flags (RegionRemoteRead | RegionUnpinned | RegionAdvise)
+//	@4  u32 PageSize: granularity of residency, a power of two
+//	@8  u64 Address: IOVA of LBA 0 in the region
+//	@16 u64 Length: bytes (NSZE * LBASize)
+//	@24 u32 RKey: remote key of the region, READ access only
+//	@28 u32 LBASize: bytes per logical block, a power of two
+//	@32 u64 Magic: the magic page is this value repeated over a page; never 0
+//	@40 reserved, zero (24 bytes)
+//
+// LBA n lives at Address + n*LBASize.
+type RegionDescriptor struct {
+	Format   uint16
+	Flags    uint16
+	PageSize uint32
+	Address  uint64
+	Length   uint64
+	RKey     uint32
+	LBASize  uint32
+	Magic    uint64
+}
+
+func (d *RegionDescriptor) check() error {
+	switch {
+	case d.Format != RegionDescriptorFormat1:
+		return fmt.Errorf("format %d, want %d", d.Format, RegionDescriptorFormat1)
+	case d.PageSize < 512 || d.PageSize > 1<<30 || bits.OnesCount32(d.PageSize) != 1:
+		return fmt.Errorf("page size %d is not a power of two in [512, 1 GiB]", d.PageSize)
+	case d.LBASize < 512 || d.LBASize > 1<<20 || bits.OnesCount32(d.LBASize) != 1:
+		return fmt.Errorf("LBA size %d is not a power of two in [512, 1 MiB]", d.LBASize)
+	case d.Length == 0 || d.Length%uint64(d.LBASize) != 0:
+		return fmt.Errorf("length %d is not a positive multiple of the LBA size %d", d.Length, d.LBASize)
+	case d.Address+d.Length < d.Address:
+		return fmt.Errorf("region [0x%x, +%d) wraps the address space", d.Address, d.Length)
+	case d.Magic == 0:
+		return fmt.Errorf("magic is 0: zero pages would all look like faults")
+	}
+	return nil
+}
+
+// Marshal returns the 64-byte descriptor; it fails on a descriptor
+// ParseRegionDescriptor would reject.
+func (d *RegionDescriptor) Marshal() ([]byte, error) {
+	if err := d.check(); err != nil {
+		return nil, fmt.Errorf("nvme: region descriptor: %w", err)
+	}
+	b := make([]byte, RegionDescriptorSize)
+	le.PutUint16(b[0:], d.Format)
+	le.PutUint16(b[2:], d.Flags)
+	le.PutUint32(b[4:], d.PageSize)
+	le.PutUint64(b[8:], d.Address)
+	le.PutUint64(b[16:], d.Length)
+	le.PutUint32(b[24:], d.RKey)
+	le.PutUint32(b[28:], d.LBASize)
+	le.PutUint64(b[32:], d.Magic)
+	return b, nil
+}
+
+// ParseRegionDescriptor decodes and checks a 64-byte descriptor: format 1,
+// page and LBA sizes powers of two, a non-empty length that is a multiple of
+// the LBA size and does not wrap, a non-zero magic.
+func ParseRegionDescriptor(b []byte) (RegionDescriptor, error) {
+	if len(b) != RegionDescriptorSize {
+		return RegionDescriptor{}, fmt.Errorf("nvme: region descriptor is %d bytes, want %d", len(b), RegionDescriptorSize)
+	}
+	d := RegionDescriptor{
+		Format:   le.Uint16(b[0:]),
+		Flags:    le.Uint16(b[2:]),
+		PageSize: le.Uint32(b[4:]),
+		Address:  le.Uint64(b[8:]),
+		Length:   le.Uint64(b[16:]),
+		RKey:     le.Uint32(b[24:]),
+		LBASize:  le.Uint32(b[28:]),
+		Magic:    le.Uint64(b[32:]),
+	}
+	if err := d.check(); err != nil {
+		return RegionDescriptor{}, fmt.Errorf("nvme: region descriptor: %w", err)
+	}
+	return d, nil
+}
+
+// Blocks is the namespace size in logical blocks.
+func (d *RegionDescriptor) Blocks() uint64 { return d.Length / uint64(d.LBASize) }
+
+// BlockAddress is the remote address of block lba, or false if lba is
+// beyond the region.
+func (d *RegionDescriptor) BlockAddress(lba uint64) (uint64, bool) {
+	if lba >= d.Blocks() {
+		return 0, false
+	}
+	return d.Address + lba*uint64(d.LBASize), true
+}
+
+// NPGetRegionDescriptorCommand asks for the region descriptor of namespace
+// nsid (format 1, CDW10 bits 7:0); sgl describes a RegionDescriptorSize
+// buffer.
+func NPGetRegionDescriptorCommand(nsid uint32, sgl SGLDescriptor) Command {
+	return Command{Opcode: AdminNPGetRegionDescriptor, Flags: FlagsSGL, NSID: nsid, DPTR: sgl, CDW10: RegionDescriptorFormat1}
+}
+
+// RegionDescriptorFormat is the format NP Get Region Descriptor asks for.
+func (c *Command) RegionDescriptorFormat() uint8 { return uint8(c.CDW10) }
+
+// CheckNPGetRegionDescriptor validates NP Get Region Descriptor on the
+// controller side: a format other than 1 is Invalid Field in Command, an
+// SGL length other than RegionDescriptorSize is Data SGL Length Invalid
+// (both DNR). Whether the namespace exists and is exported stays with the
+// caller.
+func (c *Command) CheckNPGetRegionDescriptor() error {
+	if f := c.RegionDescriptorFormat(); f != RegionDescriptorFormat1 {
+		return Errorf(StatusInvalidField.WithDNR(), "region descriptor format %d not supported", f)
+	}
+	return c.CheckTransfer(RegionDescriptorSize, 0)
+}
+
+// MaxAdviseBlocks is the largest block count of one NP Advise (NLB is all
+// 32 bits of CDW12, 0's based).
+const MaxAdviseBlocks = 1 << 32
+
+// NPAdviseCommand asks the target to make blocks of namespace nsid starting
+// at slba resident (prefetch). It moves no data and completes once the work
+// is queued.
+func NPAdviseCommand(nsid uint32, slba uint64, blocks uint64) (Command, error) {
+	if blocks == 0 || blocks > MaxAdviseBlocks {
+		return Command{}, fmt.Errorf("nvme: np advise of %d blocks: a command covers 1 to %d", blocks, uint64(MaxAdviseBlocks))
+	}
+	return Command{Opcode: IONPAdvise, Flags: FlagsSGL, NSID: nsid, DPTR: NullSGL(),
+		CDW10: uint32(slba), CDW11: uint32(slba >> 32), CDW12: uint32(blocks - 1)}, nil
+}
