@@ -1,0 +1,252 @@
+// Command nprdma-bench runs nprdma's benchmark suite and writes
+// bench/out/results.json and the report docs/bench.md with its plots.
+//
+//	go run ./bench/cmd/nprdma-bench                      # quick mode, every experiment
+//	go run ./bench/cmd/nprdma-bench --mode full          # long runs (make bench BENCH=full)
+//	go run ./bench/cmd/nprdma-bench --only blockdev      # one experiment; the others are carried over
+//	go run ./bench/cmd/nprdma-bench --list               # names, status and goals
+//	go run ./bench/cmd/nprdma-bench --render-only        # redraw the report from bench/out/results.json
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/nprdma/nprdma/bench"
+)
+
+func main() {
+	if err := newApp().Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "nprdma-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func newApp() *cli.App {
+	return &cli.App{
+		Name:  "nprdma-bench",
+		Usage: "run nprdma's benchmarks; every figure is a ratio to a baseline measured in the same run",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "mode", Value: "quick", EnvVars: []string{"BENCH"}, Usage: "quick (whole suite ≤ 10 minutes) or full (bigger sizes, longer runs)"},
+			&cli.StringFlag{Name: "only", Usage: "run only these experiments (comma-separated names); the others keep their earlier results"},
+			&cli.StringFlag{Name: "out", Value: "bench/out", Usage: "directory for results.json and raw outputs (relative paths are taken from the repository root)"},
+			&cli.StringFlag{Name: "report", Value: "docs/bench.md", Usage: "markdown report to write; plots and a copy of the results go to a directory named after it"},
+			&cli.BoolFlag{Name: "no-report", Usage: "write results.json only"},
+			&cli.StringFlag{Name: "scratch", Usage: "directory for large temporary files such as backing files (default: --out); must be on a disk, not tmpfs"},
+			&cli.StringFlag{Name: "cpus", Usage: "pin the bench and every process it starts to these CPUs (e.g. 1 or 0-1); default: not pinned, placement is only observed"},
+			&cli.BoolFlag{Name: "install-missing", Value: true, Usage: "apt-get install missing peers (fio, nbdkit, ...) when running as root"},
+			&cli.StringSliceFlag{Name: "note", Usage: "a note printed at the top of the report (repeatable), e.g. that the machine was shared"},
+			&cli.BoolFlag{Name: "carry-over", Value: true, Usage: "keep earlier results of experiments this run does not run"},
+			&cli.BoolFlag{Name: "render-only", Usage: "measure nothing: regenerate the report from --out's results.json"},
+			&cli.BoolFlag{Name: "list", Usage: "list the experiments, their status and goals, and exit"},
+		},
+		Action: run,
+	}
+}
+
+func run(c *cli.Context) error {
+	specs := experiments()
+	if c.Bool("list") {
+		return list(c, specs)
+	}
+	mode, err := bench.ParseMode(c.String("mode"))
+	if err != nil {
+		return err
+	}
+	var only []string
+	if s := c.String("only"); s != "" {
+		only = strings.Split(s, ",")
+	}
+	if _, err := bench.SelectSpecs(specs, only); err != nil {
+		return err
+	}
+	root := repoRoot()
+	outDir := fromRoot(root, c.String("out"))
+	reportPath := fromRoot(root, c.String("report"))
+	if c.Bool("render-only") {
+		return renderOnly(filepath.Join(outDir, "results.json"), reportPath)
+	}
+	scratch := outDir
+	if s := c.String("scratch"); s != "" {
+		scratch = fromRoot(root, s)
+	}
+	for _, d := range []string{outDir, scratch} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	env := &bench.Env{Mode: mode, OutDir: outDir, ScratchDir: scratch, Log: log,
+		Tools: &bench.Tools{Install: c.Bool("install-missing"), Log: log}}
+	if s := c.String("cpus"); s != "" {
+		cpus, err := bench.ParseCPUList(s)
+		if err != nil {
+			return err
+		}
+		if err := bench.PinProcess(os.Getpid(), cpus); err != nil {
+			return err
+		}
+		env.CPUs = cpus
+		log.Info("pinned the bench and its children", "cpus", bench.FormatCPUList(cpus))
+	}
+
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	result, err := bench.RunSuite(ctx, specs, env, only)
+	if err != nil {
+		return err
+	}
+	result.Command = commandLine()
+	result.Revision = bench.GitRevision(context.Background(), root)
+	result.Notes = c.StringSlice("note")
+	if len(env.CPUs) > 0 {
+		result.Notes = append(result.Notes, "The bench and every process it started were pinned to CPUs "+bench.FormatCPUList(env.CPUs)+" (--cpus).")
+	}
+
+	resultsPath := filepath.Join(outDir, "results.json")
+	assetsResults := filepath.Join(strings.TrimSuffix(reportPath, filepath.Ext(reportPath)), "results.json")
+	if c.Bool("carry-over") && len(only) > 0 {
+		prev, perr := bench.LoadPrevious(resultsPath, assetsResults)
+		if perr != nil {
+			log.Warn("earlier results unreadable; experiments not run are reported as not run", "err", perr)
+		}
+		result.CarryOver(prev)
+	}
+	if err := result.WriteJSON(resultsPath); err != nil {
+		return err
+	}
+	fmt.Println("results:", resultsPath)
+	if !c.Bool("no-report") {
+		if err := bench.WriteReport(result, reportPath); err != nil {
+			return err
+		}
+		fmt.Println("report:", reportPath)
+	}
+	summarize(result)
+	if failed := result.Failed(); len(failed) > 0 {
+		names := make([]string, len(failed))
+		for i, e := range failed {
+			names[i] = e.Name
+		}
+		return fmt.Errorf("experiments failed: %s", strings.Join(names, ", "))
+	}
+	if ctx.Err() != nil {
+		return errors.New("interrupted: the results hold what finished")
+	}
+	return nil
+}
+
+// renderOnly regenerates the report from stored results: the report is a
+// pure function of them, so styling changes need no new measurements.
+func renderOnly(resultsPath, reportPath string) error {
+	r, err := bench.ReadRun(resultsPath)
+	if err != nil {
+		return err
+	}
+	if err := bench.WriteReport(r, reportPath); err != nil {
+		return err
+	}
+	fmt.Println("report:", reportPath, "(from", resultsPath+")")
+	return nil
+}
+
+func list(c *cli.Context, specs []bench.Spec) error {
+	w := c.App.Writer
+	for _, s := range specs {
+		status := "ready"
+		if s.Pending() {
+			status = "pending"
+		}
+		fmt.Fprintf(w, "%-13s %-8s %s\n", s.Name, status, s.Title)
+		for _, g := range s.Goals {
+			fmt.Fprintf(w, "%-13s %-8s   goal: %s\n", "", "", g)
+		}
+	}
+	return nil
+}
+
+// summarize prints each experiment's goals and whether they were met.
+func summarize(r *bench.Run) {
+	for _, e := range r.Experiments {
+		switch e.Status {
+		case bench.StatusDone, bench.StatusFailed:
+			suffix := ""
+			if e.CarriedFrom != "" {
+				suffix = " (carried over from " + e.CarriedFrom + ")"
+			}
+			fmt.Printf("%-13s %s%s\n", e.Name, e.Status, suffix)
+			if e.Error != "" {
+				fmt.Printf("%-13s   error: %s\n", "", e.Error)
+			}
+			for _, f := range e.Figures {
+				if f.Goal == nil {
+					continue
+				}
+				mark := "MET"
+				if f.Met == nil || !*f.Met {
+					mark = "NOT MET"
+				}
+				fmt.Printf("%-13s   %s: %.3g %s vs %.3g %s (%s) ratio %.2f, goal %s: %s\n", "", f.Name, f.Value, f.Unit,
+					f.BaselineValue, f.Unit, f.Baseline, f.Ratio, f.Goal.Expression(), mark)
+			}
+		default:
+			fmt.Printf("%-13s %s\n", e.Name, e.Status)
+		}
+	}
+}
+
+// commandLine reconstructs how the bench was invoked; under `go run` the
+// binary lives in a temporary build directory, so name the package instead.
+func commandLine() string {
+	prog := filepath.Base(os.Args[0])
+	if strings.Contains(os.Args[0], "go-build") {
+		prog = "go run ./bench/cmd/nprdma-bench"
+	}
+	args := make([]string, 0, len(os.Args))
+	args = append(args, prog)
+	for _, a := range os.Args[1:] {
+		if strings.ContainsAny(a, " \t\"'$") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		args = append(args, a)
+	}
+	return strings.Join(args, " ")
+}
+
+// repoRoot finds the nprdma module root above the working directory, so
+// that default paths land in the repository wherever the bench is started;
+// "" when not inside it.
+func repoRoot() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && strings.Contains(string(b), "module github.com/nprdma/nprdma\n") {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
+	}
+}
+
+func fromRoot(root, p string) string {
+	if filepath.IsAbs(p) || root == "" {
+		return p
+	}
+	return filepath.Join(root, p)
+}

@@ -1,0 +1,202 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Mode selects how long and how big the experiments are.
+type Mode string
+
+const (
+	// ModeQuick keeps the whole suite within ten minutes: small files,
+	// seconds per measurement. It is the default.
+	ModeQuick Mode = "quick"
+	// ModeFull uses larger sizes and longer runs (BENCH=full).
+	ModeFull Mode = "full"
+)
+
+// ParseMode accepts "quick" and "full".
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
+	case ModeQuick, ModeFull:
+		return m, nil
+	case "":
+		return ModeQuick, nil
+	}
+	return "", fmt.Errorf("unknown benchmark mode %q (want quick or full)", s)
+}
+
+// ByMode picks the quick or the full value of a parameter.
+func ByMode[T any](m Mode, quick, full T) T {
+	if m == ModeFull {
+		return full
+	}
+	return quick
+}
+
+// Env is what an experiment gets from the suite.
+type Env struct {
+	Mode Mode
+	// OutDir holds raw outputs (fio's JSON, logs); each experiment writes
+	// under OutDir/<name>/ (see Dir).
+	OutDir string
+	// ScratchDir holds large temporary files such as backing files. It must
+	// be on a real disk, not tmpfs, for O_DIRECT figures to mean anything.
+	ScratchDir string
+	// CPUs, if set, is the CPU set the suite pinned itself to; children
+	// inherit it. Experiments report it in their placements.
+	CPUs []int
+	Log  *slog.Logger
+	// Tools finds (and may install) external tools.
+	Tools *Tools
+}
+
+// Dir returns (creating it) the raw-output directory of an experiment.
+func (e *Env) Dir(experiment string) (string, error) {
+	d := filepath.Join(e.OutDir, experiment)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return "", fmt.Errorf("output directory of %s: %w", experiment, err)
+	}
+	return d, nil
+}
+
+// Logger returns Log or the default logger.
+func (e *Env) Logger() *slog.Logger {
+	if e.Log != nil {
+		return e.Log
+	}
+	return slog.Default()
+}
+
+// Spec declares an experiment: its fixed name, what it is for, and the code
+// that runs it. A Spec without Run is pending: the report lists it with its
+// goals so that nothing missing goes unnoticed.
+type Spec struct {
+	Name  string
+	Title string
+	Goals []string
+	// Run measures and returns the experiment's record (Name, Title, Goals,
+	// Status and timing are filled in by the suite). On error a partial
+	// record may be returned; the suite marks it failed.
+	Run func(ctx context.Context, env *Env) (*Experiment, error)
+}
+
+// Pending reports whether the experiment is not built yet.
+func (s Spec) Pending() bool { return s.Run == nil }
+
+// SelectSpecs validates the names given to --only against specs.
+func SelectSpecs(specs []Spec, only []string) (map[string]bool, error) {
+	selected := map[string]bool{}
+	var unknown []string
+	for _, name := range only {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		if !slices.ContainsFunc(specs, func(s Spec) bool { return s.Name == name }) {
+			unknown = append(unknown, name)
+			continue
+		}
+		selected[name] = true
+	}
+	if len(unknown) > 0 {
+		names := make([]string, len(specs))
+		for i, s := range specs {
+			names[i] = s.Name
+		}
+		return nil, fmt.Errorf("unknown experiment %s (known: %s)", strings.Join(unknown, ", "), strings.Join(names, ", "))
+	}
+	return selected, nil
+}
+
+// RunSuite runs the selected experiments (all when only is empty) in order
+// and returns the run record. A failing experiment does not stop the others;
+// a cancelled context does: experiments not started are left not-run.
+func RunSuite(ctx context.Context, specs []Spec, env *Env, only []string) (*Run, error) {
+	selected, err := SelectSpecs(specs, only)
+	if err != nil {
+		return nil, err
+	}
+	run := &Run{Schema: SchemaVersion, Started: time.Now().UTC(), Mode: env.Mode, Machine: DetectMachine()}
+	log := env.Logger()
+	for _, spec := range specs {
+		exp := &Experiment{Name: spec.Name, Title: spec.Title, Goals: spec.Goals}
+		switch {
+		case spec.Pending():
+			exp.Status = StatusPending
+		case len(selected) > 0 && !selected[spec.Name]:
+			exp.Status = StatusNotRun
+		case ctx.Err() != nil:
+			exp.Status = StatusNotRun
+			exp.Note("not run: the suite was interrupted (%v)", context.Cause(ctx))
+		default:
+			log.Info("experiment start", "name", spec.Name, "mode", env.Mode)
+			exp = runOne(ctx, spec, env)
+			log.Info("experiment end", "name", spec.Name, "status", exp.Status, "seconds", fmt.Sprintf("%.1f", exp.Seconds), "error", exp.Error)
+		}
+		run.Experiments = append(run.Experiments, exp)
+	}
+	run.Finished = time.Now().UTC()
+	return run, nil
+}
+
+func runOne(ctx context.Context, spec Spec, env *Env) (exp *Experiment) {
+	start := time.Now()
+	var err error
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v", p)
+			env.Logger().Error("experiment panicked", "name", spec.Name, "panic", p, "stack", string(debug.Stack()))
+		}
+		if exp == nil {
+			exp = &Experiment{}
+		}
+		exp.Name, exp.Title, exp.Goals = spec.Name, spec.Title, spec.Goals
+		exp.Started = start.UTC()
+		exp.Seconds = time.Since(start).Seconds()
+		if err != nil {
+			exp.Status = StatusFailed
+			exp.Error = err.Error()
+		} else {
+			exp.Status = StatusDone
+		}
+	}()
+	exp, err = spec.Run(ctx, env)
+	return exp
+}
+
+// Failed returns the experiments that failed.
+func (r *Run) Failed() []*Experiment {
+	var out []*Experiment
+	for _, e := range r.Experiments {
+		if e.Status == StatusFailed {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// LoadPrevious reads the first results file that exists and parses; it is
+// the source of CarryOver. Missing files are not an error.
+func LoadPrevious(paths ...string) (*Run, error) {
+	var errs []error
+	for _, p := range paths {
+		r, err := ReadRun(p)
+		if err == nil {
+			return r, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return nil, errors.Join(errs...)
+}
