@@ -1,0 +1,155 @@
+package nprdmabench
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// rawServer answers each 8-byte request (a length) with that many bytes, on
+// a plain loopback TCP socket: the physical limit of a request/response
+// over the tcp provider.
+type rawServer struct {
+	ln   net.Listener
+	done chan struct{}
+}
+
+func startRawServer(maxSize int) (*rawServer, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &rawServer{ln: ln, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.(*net.TCPConn).SetNoDelay(true)
+				resp := make([]byte, maxSize)
+				var req [8]byte
+				for {
+					if _, err := io.ReadFull(c, req[:]); err != nil {
+						return
+					}
+					n := binary.LittleEndian.Uint64(req[:])
+					if n > uint64(maxSize) {
+						return
+					}
+					if _, err := c.Write(resp[:n]); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return s, nil
+}
+
+func (s *rawServer) close() {
+	s.ln.Close()
+	<-s.done
+}
+
+func dialRaw(ctx context.Context, s *rawServer) (*net.TCPConn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", s.ln.Addr().String())
+	if err != nil {
+		return nil, err
+	}
+	tc := c.(*net.TCPConn)
+	tc.SetNoDelay(true)
+	return tc, nil
+}
+
+// RawTCPRoundTrip measures a request/response of size bytes (an 8-byte
+// request, a size-byte response, as a READ) over a plain loopback TCP socket.
+func RawTCPRoundTrip(ctx context.Context, size, samples int) (LatencyResult, error) {
+	s, err := startRawServer(size)
+	if err != nil {
+		return LatencyResult{}, err
+	}
+	defer s.close()
+	c, err := dialRaw(ctx, s)
+	if err != nil {
+		return LatencyResult{}, err
+	}
+	defer c.Close()
+	var req [8]byte
+	binary.LittleEndian.PutUint64(req[:], uint64(size))
+	resp := make([]byte, size)
+	lat := make([]time.Duration, 0, samples)
+	for i := 0; i < samples+warmup(samples); i++ {
+		if ctx.Err() != nil {
+			return LatencyResult{}, ctx.Err()
+		}
+		t0 := time.Now()
+		if _, err := c.Write(req[:]); err != nil {
+			return LatencyResult{}, err
+		}
+		if _, err := io.ReadFull(c, resp); err != nil {
+			return LatencyResult{}, err
+		}
+		if i >= warmup(samples) {
+			lat = append(lat, time.Since(t0))
+		}
+	}
+	return summarize(fmt.Sprintf("raw-tcp-rtt-%d", size), lat), nil
+}
+
+// RawTCPStream measures pipelined request/responses of size bytes with qd
+// outstanding over a plain loopback TCP socket (the shape of READs at queue
+// depth qd) for dur. Responses land in qd buffers in turn, the memory a
+// READ at that depth touches.
+func RawTCPStream(ctx context.Context, size, qd int, dur time.Duration) (ThroughputResult, error) {
+	s, err := startRawServer(size)
+	if err != nil {
+		return ThroughputResult{}, err
+	}
+	defer s.close()
+	c, err := dialRaw(ctx, s)
+	if err != nil {
+		return ThroughputResult{}, err
+	}
+	defer c.Close()
+	var req [8]byte
+	binary.LittleEndian.PutUint64(req[:], uint64(size))
+	reqs := make([]byte, 0, 8*qd)
+	for i := 0; i < qd; i++ {
+		reqs = append(reqs, req[:]...)
+	}
+	resp := make([]byte, size*qd)
+	if _, err := c.Write(reqs); err != nil {
+		return ThroughputResult{}, err
+	}
+	ops := 0
+	start := time.Now()
+	deadline := start.Add(dur)
+	for {
+		slot := ops % qd
+		if _, err := io.ReadFull(c, resp[slot*size:(slot+1)*size]); err != nil {
+			return ThroughputResult{}, err
+		}
+		ops++
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		if _, err := c.Write(req[:]); err != nil {
+			return ThroughputResult{}, err
+		}
+	}
+	// Drain what is still in flight so the server's writes do not fail.
+	for i := 1; i < qd; i++ {
+		if _, err := io.ReadFull(c, resp[:size]); err != nil {
+			break
+		}
+	}
+	return throughput(fmt.Sprintf("raw-tcp-stream-%d-qd%d", size, qd), size, qd, ops, time.Since(start)), nil
+}

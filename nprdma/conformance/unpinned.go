@@ -1,0 +1,136 @@
+package conformance
+
+import (
+	"crypto/rand"
+	"testing"
+
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/nprdmatest"
+)
+
+func testUnpinned(t *testing.T, h Harness) {
+	const pages, ps = 112, 4096
+	cli, srv := connect(t, h, pairConfig{})
+	pg, err := nprdmatest.NewPager(pages, ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	rand.Read(pg.Bytes())
+
+	for _, bad := range []nprdma.Access{nprdma.AccessRemoteRead | nprdma.AccessRemoteWrite, nprdma.AccessLocalWrite | nprdma.AccessRemoteRead} {
+		if _, err := srv.pd.RegisterUnpinned(pg, bad); err == nil {
+			t.Fatalf("unpinned region granted %s", bad)
+		}
+	}
+	mr, err := srv.pd.RegisterUnpinned(pg, nprdma.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mr.Deregister()
+	if pg.Begins() != 0 {
+		t.Fatalf("registration touched %d pages", pg.Begins())
+	}
+	if mr.Pinned() || mr.Magic() == 0 || mr.PageSize() != ps || mr.Len() != pages*ps {
+		t.Fatalf("unpinned region: pinned %v magic %#x page size %d len %d", mr.Pinned(), mr.Magic(), mr.PageSize(), mr.Len())
+	}
+	lmr, lbuf := cli.region(t, pages*ps, rw)
+	id := uint64(0)
+	read := func(off, n int) []byte {
+		t.Helper()
+		id++
+		post(t, cli.qp, nprdma.SendWR{ID: id, Op: nprdma.OpRead, SG: []nprdma.SGE{lmr.SGE(0, n)}, RemoteAddr: mr.Addr() + uint64(off), RKey: mr.RKey(), Signaled: true})
+		one(t, cli.scq, id, nprdma.OpRead, nprdma.StatusSuccess)
+		return lbuf[:n]
+	}
+	// expect is what a READ of [off, off+n) must return when the pages in
+	// magic cannot be read: the magic at the byte's phase in its page.
+	expect := func(off, n int, magic map[int]bool) []byte {
+		out := append([]byte(nil), pg.Bytes()[off:off+n]...)
+		for i := range out {
+			p := off + i
+			if magic[p/ps] {
+				out[i] = byte(mr.Magic() >> (8 * ((p % ps) % 8)))
+			}
+		}
+		return out
+	}
+	srvBefore := srv.dev.Stats()
+	cliBefore := cli.dev.Stats()
+	var wantPages, wantMagic uint64
+
+	check := func(name string, off, n int, magic map[int]bool, want []nprdma.PageRange) {
+		t.Helper()
+		got := read(off, n)
+		sameBytes(t, name, got, expect(off, n, magic))
+		ranges := cli.dev.FindMagicPages(got, mr.Addr()+uint64(off), mr.Addr(), mr.PageSize(), mr.Magic())
+		if len(ranges) != len(want) {
+			t.Fatalf("%s: suspected faults %+v, want %+v", name, ranges, want)
+		}
+		for i := range want {
+			if ranges[i] != want[i] {
+				t.Fatalf("%s: suspected fault %d is %+v, want %+v", name, i, ranges[i], want[i])
+			}
+		}
+		wantPages += uint64((off+n-1)/ps - off/ps + 1)
+		wantMagic += uint64(len(magic))
+	}
+	addr := func(off int) uint64 { return mr.Addr() + uint64(off) }
+
+	check("resident page", 3*ps, ps, nil, nil)
+	pg.SetState(5, nprdmatest.Absent)
+	check("absent page", 5*ps, ps, map[int]bool{5: true}, []nprdma.PageRange{{Off: 0, Addr: addr(5 * ps), Len: ps}})
+	sameBytes(t, "magic page", lbuf[:ps], nprdmatest.MagicPage(mr.Magic(), ps))
+	pg.SetState(6, nprdmatest.Busy)
+	check("busy page", 6*ps, ps, map[int]bool{6: true}, []nprdma.PageRange{{Off: 0, Addr: addr(6 * ps), Len: ps}})
+	pg.ChangeDuringCopy(7)
+	check("page changed during the copy", 7*ps, ps, map[int]bool{7: true}, []nprdma.PageRange{{Off: 0, Addr: addr(7 * ps), Len: ps}})
+	check("same page once stable", 7*ps, ps, nil, nil)
+
+	// Unaligned start and end, two adjacent magic pages (merged into one
+	// range) and one more.
+	pg.SetState(12, nprdmatest.Absent)
+	pg.SetState(13, nprdmatest.Busy)
+	pg.ChangeDuringCopy(15)
+	off, n := 10*ps+100, 6*ps+2900 // ends at 16*ps+3000
+	check("mixed unaligned", off, n, map[int]bool{12: true, 13: true, 15: true}, []nprdma.PageRange{
+		{Off: 12*ps - off, Addr: addr(12 * ps), Len: 2 * ps},
+		{Off: 15*ps - off, Addr: addr(15 * ps), Len: ps},
+	})
+	// A read starting and ending inside a magic page compares at the right
+	// phase.
+	pg.SetState(20, nprdmatest.Absent)
+	check("inside a magic page", 20*ps+13, 1003, map[int]bool{20: true}, []nprdma.PageRange{{Off: 0, Addr: addr(20*ps + 13), Len: 1003}})
+
+	// Larger than the engine's staging chunk, every 7th page absent.
+	magic := map[int]bool{}
+	var want []nprdma.PageRange
+	for p := 24; p < 24+80; p++ {
+		if p%7 == 0 {
+			pg.SetState(p, nprdmatest.Absent)
+			magic[p] = true
+			want = append(want, nprdma.PageRange{Off: (p - 24) * ps, Addr: addr(p * ps), Len: ps})
+		}
+	}
+	check("large", 24*ps, 80*ps, magic, want)
+
+	if pg.InFlight() != 0 {
+		t.Fatalf("%d pager reads begun and never ended", pg.InFlight())
+	}
+	srvAfter, cliAfter := srv.dev.Stats(), cli.dev.Stats()
+	if d := srvAfter.UnpinnedPagesRead - srvBefore.UnpinnedPagesRead; d != wantPages {
+		t.Fatalf("unpinned pages read %d, want %d", d, wantPages)
+	}
+	if d := srvAfter.MagicPagesServed - srvBefore.MagicPagesServed; d != wantMagic {
+		t.Fatalf("magic pages served %d, want %d", d, wantMagic)
+	}
+	if d := cliAfter.SuspectedFaults - cliBefore.SuspectedFaults; d != wantMagic {
+		t.Fatalf("suspected faults %d, want %d", d, wantMagic)
+	}
+
+	// Remote writes into an unpinned region are refused before any copy.
+	before := append([]byte(nil), pg.Page(30)...)
+	post(t, cli.qp, nprdma.SendWR{ID: 1000, Op: nprdma.OpWrite, SG: []nprdma.SGE{lmr.SGE(0, 64)}, RemoteAddr: addr(30 * ps), RKey: mr.RKey(), Signaled: true})
+	one(t, cli.scq, 1000, nprdma.OpWrite, nprdma.StatusRemoteAccess)
+	sameBytes(t, "unpinned page after a refused WRITE", pg.Page(30), before)
+}

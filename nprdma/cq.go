@@ -1,0 +1,209 @@
+package nprdma
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// CQ is a completion queue, shareable by many queue pairs.
+//
+// Overflow: the queue holds at most depth completions. A completion that
+// finds it full is dropped, the queue becomes overflowed for good (as a
+// verbs CQ in error) and takes no completion any more, and each queue pair
+// whose completion is dropped moves to the error state (ErrCQOverflow).
+// Poll still returns what the queue held; Wait returns ErrCQOverflow once it
+// is empty, so a waiter never hangs on a completion that was lost.
+type CQ struct {
+	dev      *Device
+	depth    int
+	busyPoll time.Duration
+
+	mu         sync.Mutex
+	buf        []WC
+	head, n    int
+	overflowed bool
+	closed     bool
+
+	avail    atomic.Int32 // n, readable without the lock
+	sleepers atomic.Int32
+	bell     chan struct{}
+	users    atomic.Int32 // queue pairs attached
+	dead     atomic.Bool  // overflowed or closed: Wait must not park
+}
+
+// CQOption configures a CQ.
+type CQOption func(*CQ)
+
+// WithBusyPoll makes Wait spin for up to d before parking the goroutine.
+// Spinning trades a CPU for latency: waking a parked goroutine costs tens of
+// microseconds when it has to wake another CPU.
+func WithBusyPoll(d time.Duration) CQOption { return func(cq *CQ) { cq.busyPoll = d } }
+
+// NewCQ creates a completion queue holding up to depth completions (at least
+// 1).
+func (d *Device) NewCQ(depth int, opts ...CQOption) *CQ {
+	if depth < 1 {
+		depth = 1
+	}
+	cq := &CQ{dev: d, depth: depth, buf: make([]WC, depth), bell: make(chan struct{}, 1)}
+	for _, o := range opts {
+		o(cq)
+	}
+	d.mu.Lock()
+	d.cqs[cq] = struct{}{}
+	d.mu.Unlock()
+	return cq
+}
+
+// Depth is the capacity of the queue.
+func (cq *CQ) Depth() int { return cq.depth }
+
+// push appends completions; it reports false if any was dropped because the
+// queue is full (or closed).
+func (cq *CQ) push(wcs ...WC) bool {
+	cq.mu.Lock()
+	ok := true
+	for _, wc := range wcs {
+		if cq.closed || cq.overflowed || cq.n == cq.depth {
+			if !cq.closed {
+				cq.overflowed = true
+				cq.dead.Store(true)
+			}
+			ok = false
+			continue
+		}
+		cq.buf[(cq.head+cq.n)%cq.depth] = wc
+		cq.n++
+	}
+	cq.avail.Store(int32(cq.n))
+	cq.mu.Unlock()
+	if cq.sleepers.Load() > 0 {
+		cq.ring()
+	}
+	return ok
+}
+
+func (cq *CQ) ring() {
+	select {
+	case cq.bell <- struct{}{}:
+	default:
+	}
+}
+
+// Poll moves up to len(wcs) completions into wcs without waiting and returns
+// how many.
+func (cq *CQ) Poll(wcs []WC) int {
+	if cq.avail.Load() == 0 || len(wcs) == 0 {
+		return 0
+	}
+	cq.mu.Lock()
+	k := min(cq.n, len(wcs))
+	for i := 0; i < k; i++ {
+		wcs[i] = cq.buf[cq.head]
+		cq.head = (cq.head + 1) % cq.depth
+	}
+	cq.n -= k
+	cq.avail.Store(int32(cq.n))
+	more := cq.n > 0
+	cq.mu.Unlock()
+	if more && cq.sleepers.Load() > 0 {
+		cq.ring() // let the next waiter take the rest
+	}
+	return k
+}
+
+// Wait returns at least one completion, waiting until one arrives, ctx ends,
+// or the queue overflows or is closed (then its error once the queue is
+// empty).
+func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
+	if len(wcs) == 0 {
+		return 0, fmt.Errorf("nprdma: cq wait: empty completion slice")
+	}
+	if n := cq.Poll(wcs); n > 0 {
+		return n, nil
+	}
+	if cq.busyPoll > 0 && runtime.GOMAXPROCS(0) > 1 {
+		// Spin on the counter: the goroutine delivering completions runs on
+		// another P, and no wake-up is needed when it pushes one. With a
+		// single P spinning would only delay it, so Wait parks at once.
+		deadline := nanotime() + int64(cq.busyPoll)
+		for i := 1; ; i++ {
+			if cq.avail.Load() > 0 {
+				if n := cq.Poll(wcs); n > 0 {
+					return n, nil
+				}
+			}
+			if i%128 == 0 {
+				if cq.dead.Load() || nanotime() > deadline || ctx.Err() != nil {
+					break
+				}
+			}
+		}
+	}
+	for {
+		if n := cq.Poll(wcs); n > 0 {
+			return n, nil
+		}
+		if err := cq.err(); err != nil {
+			return 0, err
+		}
+		cq.sleepers.Add(1)
+		if cq.avail.Load() > 0 || cq.dead.Load() {
+			cq.sleepers.Add(-1)
+			continue
+		}
+		select {
+		case <-cq.bell:
+			cq.sleepers.Add(-1)
+		case <-ctx.Done():
+			cq.sleepers.Add(-1)
+			if n := cq.Poll(wcs); n > 0 {
+				return n, nil
+			}
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func (cq *CQ) err() error {
+	if !cq.dead.Load() {
+		return nil
+	}
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	switch {
+	case cq.closed:
+		return fmt.Errorf("nprdma: completion queue: %w", ErrClosed)
+	case cq.overflowed:
+		return fmt.Errorf("nprdma: completion queue of depth %d: %w", cq.depth, ErrCQOverflow)
+	}
+	return nil
+}
+
+// Overflowed reports whether a completion was ever dropped.
+func (cq *CQ) Overflowed() bool {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return cq.overflowed
+}
+
+// Close releases the queue. Like ibv_destroy_cq it fails while queue pairs
+// that are not closed use it. Waiters return ErrClosed.
+func (cq *CQ) Close() error {
+	if n := cq.users.Load(); n > 0 {
+		return fmt.Errorf("nprdma: close completion queue: used by %d queue pairs", n)
+	}
+	cq.mu.Lock()
+	cq.closed = true
+	cq.mu.Unlock()
+	cq.dead.Store(true)
+	cq.ring()
+	cq.dev.mu.Lock()
+	delete(cq.dev.cqs, cq)
+	cq.dev.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,171 @@
+package nprdma
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"sync"
+)
+
+// This file is the NIC engine's data side: serving a READ the responder has
+// already validated (see PD.remoteRegion), from a pinned region straight out
+// of its memory, from an unpinned one page by page under the pager's
+// seqlock.
+
+const (
+	// stageChunk bounds the staging memory one unpinned READ holds at a time.
+	stageChunk = 256 << 10
+	// flushAfter: a response this large is written at once rather than at
+	// the end of the inbound batch.
+	flushAfter = 64 << 10
+)
+
+// stageBuf holds bytes copied out of an unpinned region until the link has
+// sent them.
+type stageBuf struct {
+	b    []byte
+	pool *sync.Pool
+}
+
+func (s *stageBuf) Release() { s.pool.Put(s) }
+
+var (
+	stageSmall = sync.Pool{}
+	stageLarge = sync.Pool{}
+)
+
+func getStage(n int) *stageBuf {
+	pool, size := &stageSmall, 16<<10
+	if n > size {
+		pool, size = &stageLarge, stageChunk
+	}
+	if s, ok := pool.Get().(*stageBuf); ok {
+		return s
+	}
+	return &stageBuf{b: make([]byte, size), pool: pool}
+}
+
+// readRun is a stretch of a READ response that is either data (copied into
+// stg) or the magic pattern.
+type readRun struct {
+	a, b int // offsets in the region
+	good bool
+	stg  *stageBuf
+	base int // region offset of stg.b[0]
+}
+
+func (qp *QP) serveRead(seq uint32, mr *MR, off, n int) {
+	ctr := &qp.dev.ctr
+	ctr.readsServed.Add(1)
+	ctr.readBytesServed.Add(uint64(n))
+	if n == 0 || mr.pager == nil {
+		rs := &qp.rs
+		var data [][]byte
+		if n > 0 {
+			rs.refs = append(rs.refs[:0], mr.buf[off:off+n])
+			data = rs.refs[:1]
+		}
+		qp.respond(Packet{Header: Header{Kind: PacketReadResponse, Seq: seq, Len: uint32(n), Last: true}, Data: data})
+		clear(rs.refs)
+		if n >= flushAfter {
+			qp.link.Flush()
+		}
+		return
+	}
+	qp.serveUnpinnedRead(seq, mr, off, n)
+}
+
+// serveUnpinnedRead copies each page touched between ReadBegin and ReadEnd;
+// a page that is absent, busy, or changed during the copy becomes the magic
+// page. It never blocks and never touches a page outside ReadBegin..ReadEnd.
+func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
+	rs := &qp.rs
+	pager, ps := mr.pager, mr.pageSize
+	runs := rs.runs[:0]
+	var pages, magic uint64
+	for pos, end := off, off+n; pos < end; {
+		chunkEnd := min(end, pos+stageChunk)
+		stg := getStage(chunkEnd - pos)
+		base := pos
+		for pos < chunkEnd {
+			page := pos / ps
+			pe := min((page+1)*ps, chunkEnd)
+			good := false
+			if v, ok := pager.ReadBegin(page); ok {
+				copy(stg.b[pos-base:pe-base], mr.buf[pos:pe])
+				good = pager.ReadEnd(page, v)
+			}
+			pages++
+			if !good {
+				magic++
+			}
+			if k := len(runs) - 1; k >= 0 && runs[k].stg == stg && runs[k].good == good {
+				runs[k].b = pe
+			} else {
+				runs = append(runs, readRun{a: pos, b: pe, good: good, stg: stg, base: base})
+			}
+			pos = pe
+		}
+	}
+	qp.dev.ctr.unpinnedPagesRead.Add(pages)
+	qp.dev.ctr.magicPagesServed.Add(magic)
+
+	pkts := rs.pkts[:0]
+	refs := rs.refs[:0]
+	for range runs {
+		refs = append(refs, nil)
+	}
+	for i, r := range runs {
+		h := Header{Kind: PacketReadResponse, Seq: seq, Offset: uint32(r.a - off), Len: uint32(r.b - r.a)}
+		p := Packet{Header: h}
+		if r.good {
+			refs[i] = r.stg.b[r.a-r.base : r.b-r.base]
+			p.Data = refs[i : i+1 : i+1]
+		} else {
+			p.Fill = true
+			p.Pattern = bits.RotateLeft64(mr.magic, -8*(r.a%8))
+		}
+		if i == len(runs)-1 || runs[i+1].stg != r.stg {
+			p.Buf = r.stg // released once every packet using it is sent
+		}
+		pkts = append(pkts, p)
+	}
+	pkts[len(pkts)-1].Last = true
+	qp.link.Send(pkts)
+	clear(pkts)
+	clear(refs)
+	clear(runs)
+	rs.pkts, rs.refs, rs.runs = pkts[:0], refs[:0], runs[:0]
+	if n >= flushAfter {
+		qp.link.Flush()
+	}
+}
+
+// fillPhase fills dst with pattern's bytes starting at phase j: dst[i] is
+// byte (j+i)%8 of pattern in little-endian order.
+func fillPhase(dst []byte, pattern uint64, j int) {
+	p := bits.RotateLeft64(pattern, -8*(j%8))
+	i := 0
+	for ; i+8 <= len(dst); i += 8 {
+		binary.LittleEndian.PutUint64(dst[i:], p)
+	}
+	for k := 0; i < len(dst); i, k = i+1, k+1 {
+		dst[i] = byte(p >> (8 * k))
+	}
+}
+
+// matchPhase reports whether b equals the pattern filled from phase j.
+func matchPhase(b []byte, pattern uint64, j int) bool {
+	p := bits.RotateLeft64(pattern, -8*(j%8))
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		if binary.LittleEndian.Uint64(b[i:]) != p {
+			return false
+		}
+	}
+	for k := 0; i < len(b); i, k = i+1, k+1 {
+		if b[i] != byte(p>>(8*k)) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,312 @@
+// Package loop is the in-process nprdma provider: queue pairs of devices in
+// one process connect through a Fabric by name, and packets move between
+// them through in-memory queues, one delivery goroutine per endpoint. It has
+// the same semantics as the tcp provider (it runs the same conformance
+// suite) and serves tests and the measurement of costs without a network.
+package loop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/nprdma/nprdma/nprdma"
+)
+
+// Fabric is an in-process network: a namespace of listener names. Providers
+// on the same fabric reach each other.
+type Fabric struct {
+	mu        sync.Mutex
+	listeners map[string]*listener
+	next      int
+}
+
+// NewFabric returns an empty fabric.
+func NewFabric() *Fabric { return &Fabric{listeners: map[string]*listener{}} }
+
+// Provider is an endpoint of a Fabric: a device's view of it. Its fault
+// injection methods (Freeze, Thaw, Crash) act on every link it owns, as if on
+// the process behind it.
+type Provider struct {
+	fabric *Fabric
+	id     uint64
+
+	mu        sync.Mutex
+	endpoints map[*endpoint]struct{}
+	listeners map[*listener]struct{}
+	crashed   bool
+	frozen    bool
+	thawed    chan struct{} // closed while not frozen
+}
+
+// Option configures a Provider.
+type Option func(*Provider)
+
+// WithFabric attaches the provider to f (default: a fabric of its own, which
+// every device opened on this provider shares).
+func WithFabric(f *Fabric) Option { return func(p *Provider) { p.fabric = f } }
+
+var providerIDs atomic.Uint64
+
+// New returns a loop provider.
+func New(opts ...Option) *Provider {
+	p := &Provider{
+		id:        providerIDs.Add(1),
+		endpoints: map[*endpoint]struct{}{},
+		listeners: map[*listener]struct{}{},
+		thawed:    make(chan struct{}),
+	}
+	close(p.thawed)
+	for _, o := range opts {
+		o(p)
+	}
+	if p.fabric == nil {
+		p.fabric = NewFabric()
+	}
+	return p
+}
+
+// Name implements nprdma.Provider.
+func (p *Provider) Name() string { return "loop" }
+
+var (
+	errCrashed   = errors.New("loop: provider crashed")
+	errReset     = errors.New("loop: connection reset by peer")
+	errAborted   = errors.New("loop: link aborted")
+	errNoListen  = errors.New("connection refused")
+	errLisClosed = errors.New("loop: listener closed")
+)
+
+// Listen implements nprdma.Provider. An empty addr picks a fresh name.
+func (p *Provider) Listen(addr string) (nprdma.LinkListener, error) {
+	p.mu.Lock()
+	crashed := p.crashed
+	p.mu.Unlock()
+	if crashed {
+		return nil, errCrashed
+	}
+	f := p.fabric
+	f.mu.Lock()
+	if addr == "" {
+		for {
+			f.next++
+			addr = "loop-" + strconv.Itoa(f.next)
+			if _, taken := f.listeners[addr]; !taken {
+				break
+			}
+		}
+	}
+	if _, taken := f.listeners[addr]; taken {
+		f.mu.Unlock()
+		return nil, fmt.Errorf("loop: listen on %q: address already in use", addr)
+	}
+	l := &listener{prov: p, name: addr, reqs: make(chan *request, 128), closed: make(chan struct{})}
+	f.listeners[addr] = l
+	f.mu.Unlock()
+	p.mu.Lock()
+	p.listeners[l] = struct{}{}
+	p.mu.Unlock()
+	return l, nil
+}
+
+// Dial implements nprdma.Provider.
+func (p *Provider) Dial(ctx context.Context, addr string, hello nprdma.Hello) (nprdma.Link, nprdma.Hello, error) {
+	p.mu.Lock()
+	crashed := p.crashed
+	p.mu.Unlock()
+	if crashed {
+		return nil, nprdma.Hello{}, errCrashed
+	}
+	p.fabric.mu.Lock()
+	l := p.fabric.listeners[addr]
+	p.fabric.mu.Unlock()
+	if l == nil {
+		return nil, nprdma.Hello{}, fmt.Errorf("loop: dial %q: %w (no listener)", addr, errNoListen)
+	}
+	req := &request{
+		hello:    nprdma.Hello{QPNum: hello.QPNum, PrivateData: append([]byte(nil), hello.PrivateData...)},
+		from:     "loop:" + strconv.FormatUint(p.id, 10),
+		dialer:   p,
+		answer:   make(chan answer, 1),
+		listener: l,
+	}
+	select {
+	case l.reqs <- req:
+	case <-l.closed:
+		return nil, nprdma.Hello{}, fmt.Errorf("loop: dial %q: %w", addr, errNoListen)
+	case <-ctx.Done():
+		return nil, nprdma.Hello{}, fmt.Errorf("loop: dial %q: %w", addr, ctx.Err())
+	}
+	select {
+	case a := <-req.answer:
+		return a.result()
+	case <-ctx.Done():
+		req.mu.Lock()
+		req.abandoned = true
+		req.mu.Unlock()
+		select {
+		case a := <-req.answer:
+			if a.ep != nil {
+				a.ep.Abort()
+			}
+		default:
+		}
+		return nil, nprdma.Hello{}, fmt.Errorf("loop: dial %q: %w", addr, ctx.Err())
+	}
+}
+
+// Freeze stops delivering inbound packets on every link of the provider, as
+// if its process were stopped (SIGSTOP): peers see silence, not an error.
+func (p *Provider) Freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.frozen {
+		p.frozen = true
+		p.thawed = make(chan struct{})
+	}
+}
+
+// Thaw undoes Freeze.
+func (p *Provider) Thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.frozen {
+		p.frozen = false
+		close(p.thawed)
+	}
+}
+
+// Crash breaks every link and listener of the provider at once, as the death
+// of its process would: peers see their connections reset.
+func (p *Provider) Crash() {
+	p.mu.Lock()
+	p.crashed = true
+	eps := make([]*endpoint, 0, len(p.endpoints))
+	for e := range p.endpoints {
+		eps = append(eps, e)
+	}
+	ls := make([]*listener, 0, len(p.listeners))
+	for l := range p.listeners {
+		ls = append(ls, l)
+	}
+	p.mu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
+	for _, e := range eps {
+		e.breakBoth(errCrashed)
+	}
+	p.Thaw()
+}
+
+func (p *Provider) thawedChan() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.thawed
+}
+
+type listener struct {
+	prov      *Provider
+	name      string
+	reqs      chan *request
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func (l *listener) Accept(ctx context.Context) (nprdma.LinkRequest, error) {
+	select {
+	case r := <-l.reqs:
+		return r, nil
+	case <-l.closed:
+		return nil, errLisClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (l *listener) Addr() string { return l.name }
+
+func (l *listener) Close() error {
+	l.closeOnce.Do(func() {
+		f := l.prov.fabric
+		f.mu.Lock()
+		if f.listeners[l.name] == l {
+			delete(f.listeners, l.name)
+		}
+		f.mu.Unlock()
+		l.prov.mu.Lock()
+		delete(l.prov.listeners, l)
+		l.prov.mu.Unlock()
+		close(l.closed)
+		for {
+			select {
+			case r := <-l.reqs:
+				r.answerWith(answer{err: errNoListen})
+			default:
+				return
+			}
+		}
+	})
+	return nil
+}
+
+type request struct {
+	hello     nprdma.Hello
+	from      string
+	dialer    *Provider
+	answer    chan answer
+	mu        sync.Mutex
+	abandoned bool
+	done      bool
+	listener  *listener
+}
+
+type answer struct {
+	ep       *endpoint
+	hello    nprdma.Hello
+	rejected bool
+	err      error
+}
+
+func (a answer) result() (nprdma.Link, nprdma.Hello, error) {
+	switch {
+	case a.err != nil:
+		return nil, nprdma.Hello{}, a.err
+	case a.rejected:
+		return nil, nprdma.Hello{}, &nprdma.RejectError{PrivateData: a.hello.PrivateData}
+	}
+	return a.ep, a.hello, nil
+}
+
+func (r *request) answerWith(a answer) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.abandoned || r.done {
+		return false
+	}
+	r.done = true
+	r.answer <- a
+	return true
+}
+
+func (r *request) Hello() nprdma.Hello { return r.hello }
+func (r *request) RemoteAddr() string  { return r.from }
+
+func (r *request) Accept(hello nprdma.Hello) (nprdma.Link, error) {
+	srv, cli := newPair(r.listenerProvider(), r.dialer)
+	if !r.answerWith(answer{ep: cli, hello: nprdma.Hello{QPNum: hello.QPNum, PrivateData: append([]byte(nil), hello.PrivateData...)}}) {
+		srv.breakBoth(errAborted)
+		return nil, errors.New("loop: the peer gave up connecting")
+	}
+	return srv, nil
+}
+
+func (r *request) Reject(privateData []byte) error {
+	r.answerWith(answer{rejected: true, hello: nprdma.Hello{PrivateData: append([]byte(nil), privateData...)}})
+	return nil
+}
+
+func (r *request) listenerProvider() *Provider { return r.listener.prov }

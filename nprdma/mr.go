@@ -1,0 +1,364 @@
+package nprdma
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+var osPageSize = os.Getpagesize()
+
+// PD is a protection domain: regions and queue pairs of one PD can only be
+// used together (a remote key is honoured only on queue pairs of its PD).
+type PD struct {
+	dev    *Device
+	mu     sync.Mutex
+	closed bool
+	mrs    map[*MR]struct{}
+	qps    map[*QP]struct{}
+}
+
+// Device is the device the PD belongs to.
+func (pd *PD) Device() *Device { return pd.dev }
+
+// Close releases the PD. Like ibv_dealloc_pd it fails while regions or queue
+// pairs still use it.
+func (pd *PD) Close() error {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.closed {
+		return nil
+	}
+	if len(pd.mrs) > 0 || len(pd.qps) > 0 {
+		return fmt.Errorf("nprdma: close protection domain: still used by %d memory regions and %d queue pairs", len(pd.mrs), len(pd.qps))
+	}
+	pd.closed = true
+	pd.dev.mu.Lock()
+	delete(pd.dev.pds, pd)
+	pd.dev.mu.Unlock()
+	return nil
+}
+
+// MR is a registered memory region.
+type MR struct {
+	pd       *PD
+	buf      []byte
+	addr     uint64
+	lkey     uint32
+	rkey     uint32
+	access   Access
+	pinned   bool
+	pager    Pager
+	pageSize int
+	magic    uint64
+	dead     atomic.Bool
+}
+
+// Addr is the virtual address of the region's first byte, the base of the
+// addresses in SGEs and of remote addresses.
+func (mr *MR) Addr() uint64 { return mr.addr }
+
+// Len is the region's length in bytes.
+func (mr *MR) Len() int { return len(mr.buf) }
+
+// LKey is the local key, for SGEs.
+func (mr *MR) LKey() uint32 { return mr.lkey }
+
+// RKey is the remote key a peer names in READ and WRITE.
+func (mr *MR) RKey() uint32 { return mr.rkey }
+
+// Access is the set of rights granted.
+func (mr *MR) Access() Access { return mr.access }
+
+// Bytes is the registered memory. For an unpinned region it is the pager's
+// memory, which may only be read under the pager's protocol.
+func (mr *MR) Bytes() []byte { return mr.buf }
+
+// Pinned reports whether the region was pinned at registration.
+func (mr *MR) Pinned() bool { return mr.pinned }
+
+// Magic is the unpinned region's magic value (0 for other regions): a page
+// the NIC engine could not read is delivered as this value repeated.
+func (mr *MR) Magic() uint64 { return mr.magic }
+
+// PageSize is the granularity of the region's pages (the pager's page size,
+// or the OS page size).
+func (mr *MR) PageSize() int { return mr.pageSize }
+
+// PD is the protection domain of the region.
+func (mr *MR) PD() *PD { return mr.pd }
+
+// SGE names n bytes at offset off of the region.
+func (mr *MR) SGE(off, n int) SGE {
+	return SGE{Addr: mr.addr + uint64(off), Length: uint32(n), LKey: mr.lkey}
+}
+
+// Register registers buf with the given rights, pinning it with mlock (the
+// baseline: the cost grows with the size, about 3 s per GiB here). buf must
+// stay valid until Deregister and until no queue pair can still access it.
+func (pd *PD) Register(buf []byte, access Access) (*MR, error) {
+	if len(buf) == 0 {
+		return nil, fmt.Errorf("nprdma: register: empty buffer")
+	}
+	if access&^accessAll != 0 {
+		return nil, fmt.Errorf("nprdma: register %d bytes: unknown access bits %#x", len(buf), uint32(access&^accessAll))
+	}
+	if access&AccessRemoteWrite != 0 && access&AccessLocalWrite == 0 {
+		// As in verbs: remote write implies the NIC writes locally.
+		return nil, fmt.Errorf("nprdma: register %d bytes: remote-write needs local-write", len(buf))
+	}
+	mr := &MR{
+		pd:       pd,
+		buf:      buf,
+		addr:     uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
+		access:   access,
+		pinned:   pd.dev.pin,
+		pageSize: osPageSize,
+	}
+	if mr.pinned {
+		if err := unix.Mlock(buf); err != nil {
+			return nil, fmt.Errorf("nprdma: register %d bytes at %#x: mlock: %w (needs CAP_IPC_LOCK or a larger RLIMIT_MEMLOCK; or open the device WithPinning(false))", len(buf), mr.addr, err)
+		}
+	}
+	if err := pd.add(mr); err != nil {
+		if mr.pinned {
+			unix.Munlock(buf)
+		}
+		return nil, err
+	}
+	pd.dev.ctr.registeredBytes.Add(int64(len(buf)))
+	return mr, nil
+}
+
+// RegisterUnpinned registers the pager's memory for remote reads without
+// pinning or touching it: O(1) whatever its size. Only AccessRemoteRead may be
+// granted: remote writes into the pager's memory are never allowed (writes
+// are commands the owner validates), and the local NIC cannot use the region
+// in SGEs. A READ is served page by page under the pager's seqlock; a page
+// that is absent, busy or changed during the copy is delivered as the magic
+// page (Magic() repeated).
+func (pd *PD) RegisterUnpinned(p Pager, access Access) (*MR, error) {
+	buf := p.Bytes()
+	ps := p.PageSize()
+	if len(buf) == 0 {
+		return nil, fmt.Errorf("nprdma: register unpinned: pager has no memory")
+	}
+	if ps <= 0 || ps%8 != 0 {
+		return nil, fmt.Errorf("nprdma: register unpinned %d bytes: page size %d is not a positive multiple of 8", len(buf), ps)
+	}
+	if access != AccessRemoteRead {
+		return nil, fmt.Errorf("nprdma: register unpinned %d bytes: access %s refused: an unpinned region grants remote-read only", len(buf), access)
+	}
+	mr := &MR{
+		pd:       pd,
+		buf:      buf,
+		addr:     uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
+		access:   access,
+		pager:    p,
+		pageSize: ps,
+	}
+	for mr.magic == 0 {
+		mr.magic = randomUint64()
+	}
+	if err := pd.add(mr); err != nil {
+		return nil, err
+	}
+	pd.dev.ctr.unpinnedBytes.Add(int64(len(buf)))
+	return mr, nil
+}
+
+func randomUint64() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("nprdma: crypto/rand: " + err.Error())
+	}
+	return binary.LittleEndian.Uint64(b[:])
+}
+
+// add assigns keys and publishes mr in the device's tables.
+func (pd *PD) add(mr *MR) error {
+	d := pd.dev
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.closed {
+		return fmt.Errorf("nprdma: register %d bytes: protection domain %w", len(mr.buf), ErrClosed)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("nprdma: register %d bytes: device %s %w", len(mr.buf), d.name, ErrClosed)
+	}
+	// Local key: a table slot plus a generation, so a stale key does not
+	// name the slot's next tenant.
+	old := *d.lkeys.Load()
+	var idx uint32
+	if n := len(d.freeIdx); n > 0 {
+		idx = d.freeIdx[n-1]
+		d.freeIdx = d.freeIdx[:n-1]
+	} else {
+		idx = uint32(len(old))
+		if idx >= 1<<24 {
+			return fmt.Errorf("nprdma: register %d bytes: too many memory regions", len(mr.buf))
+		}
+		d.lkeyGen = append(d.lkeyGen, 0)
+	}
+	d.lkeyGen[idx]++
+	mr.lkey = idx<<8 | uint32(d.lkeyGen[idx])
+	tab := make([]*MR, max(len(old), int(idx)+1))
+	copy(tab, old)
+	tab[idx] = mr
+	d.lkeys.Store(&tab)
+
+	// Remote key: random, so that it cannot be guessed by a peer that was
+	// never told it.
+	oldR := *d.rkeys.Load()
+	for {
+		k := uint32(randomUint64())
+		if _, taken := oldR[k]; k != 0 && !taken {
+			mr.rkey = k
+			break
+		}
+	}
+	rt := make(map[uint32]*MR, len(oldR)+1)
+	for k, v := range oldR {
+		rt[k] = v
+	}
+	rt[mr.rkey] = mr
+	d.rkeys.Store(&rt)
+
+	pd.mrs[mr] = struct{}{}
+	d.live[mr] = struct{}{}
+	d.ctr.registrations.Add(1)
+	return nil
+}
+
+// Deregister revokes the region's keys: no new local or remote access is
+// accepted once it returns. Pinned memory is unlocked unless another live
+// region covers it.
+func (mr *MR) Deregister() error {
+	if !mr.dead.CompareAndSwap(false, true) {
+		return nil
+	}
+	pd, d := mr.pd, mr.pd.dev
+	pd.mu.Lock()
+	delete(pd.mrs, mr)
+	pd.mu.Unlock()
+	d.mu.Lock()
+	old := *d.lkeys.Load()
+	tab := make([]*MR, len(old))
+	copy(tab, old)
+	idx := mr.lkey >> 8
+	tab[idx] = nil
+	d.lkeys.Store(&tab)
+	d.freeIdx = append(d.freeIdx, idx)
+	oldR := *d.rkeys.Load()
+	rt := make(map[uint32]*MR, len(oldR))
+	for k, v := range oldR {
+		if k != mr.rkey {
+			rt[k] = v
+		}
+	}
+	d.rkeys.Store(&rt)
+	delete(d.live, mr)
+	var err error
+	if mr.pinned {
+		err = d.munlockUncoveredLocked(mr)
+	}
+	if mr.pager != nil {
+		d.ctr.unpinnedBytes.Add(-int64(len(mr.buf)))
+	} else {
+		d.ctr.registeredBytes.Add(-int64(len(mr.buf)))
+	}
+	d.mu.Unlock()
+	return err
+}
+
+// munlockUncoveredLocked unlocks mr's pages except those another live pinned
+// region still covers (mlock does not nest).
+func (d *Device) munlockUncoveredLocked(mr *MR) error {
+	ps := uint64(osPageSize)
+	start := mr.addr &^ (ps - 1)
+	end := (mr.addr + uint64(len(mr.buf)) + ps - 1) &^ (ps - 1)
+	type span struct{ a, b uint64 }
+	var keep []span
+	for o := range d.live {
+		if !o.pinned {
+			continue
+		}
+		oa := o.addr &^ (ps - 1)
+		ob := (o.addr + uint64(len(o.buf)) + ps - 1) &^ (ps - 1)
+		if oa < end && ob > start {
+			keep = append(keep, span{max(oa, start), min(ob, end)})
+		}
+	}
+	sort.Slice(keep, func(i, j int) bool { return keep[i].a < keep[j].a })
+	cur := start
+	var err error
+	unlock := func(a, b uint64) {
+		if b > a {
+			base := mr.addr
+			// Both bounds lie within mr's pages; unlock through mr.buf so no
+			// raw address is ever turned into a pointer.
+			lo := int(max(a, base) - base)
+			hi := int(min(b, base+uint64(len(mr.buf))) - base)
+			if hi > lo {
+				if e := unix.Munlock(mr.buf[lo:hi]); e != nil && err == nil {
+					err = fmt.Errorf("nprdma: deregister: munlock: %w", e)
+				}
+			}
+		}
+	}
+	for _, s := range keep {
+		if s.a > cur {
+			unlock(cur, s.a)
+		}
+		cur = max(cur, s.b)
+	}
+	unlock(cur, end)
+	return err
+}
+
+// localSlice resolves an SGE against its region for a local access that
+// needs the given rights; status says why it cannot.
+func (pd *PD) localSlice(s SGE, needWrite bool) ([]byte, Status) {
+	mr := pd.dev.lookupLKey(s.LKey)
+	if mr == nil || mr.pd != pd || mr.dead.Load() || mr.pager != nil {
+		return nil, StatusLocalProtection
+	}
+	if needWrite && mr.access&AccessLocalWrite == 0 {
+		return nil, StatusLocalProtection
+	}
+	if s.Addr < mr.addr {
+		return nil, StatusLocalProtection
+	}
+	off := s.Addr - mr.addr
+	if off > uint64(len(mr.buf)) || uint64(s.Length) > uint64(len(mr.buf))-off {
+		return nil, StatusLocalProtection
+	}
+	return mr.buf[off : off+uint64(s.Length) : off+uint64(s.Length)], StatusSuccess
+}
+
+// remoteRegion is the NIC engine's check of a remote access, done before any
+// byte is copied: the key must name a live region of this PD that grants
+// the right and contains [addr, addr+n).
+func (pd *PD) remoteRegion(rkey uint32, addr uint64, n uint32, need Access) (*MR, int, bool) {
+	mr := pd.dev.lookupRKey(rkey)
+	if mr == nil || mr.pd != pd || mr.dead.Load() || mr.access&need != need {
+		return nil, 0, false
+	}
+	if addr < mr.addr {
+		return nil, 0, false
+	}
+	off := addr - mr.addr
+	if off > uint64(len(mr.buf)) || uint64(n) > uint64(len(mr.buf))-off {
+		return nil, 0, false
+	}
+	return mr, int(off), true
+}

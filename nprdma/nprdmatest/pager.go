@@ -1,0 +1,143 @@
+// Package nprdmatest has test doubles for nprdma: a Pager whose page states a
+// test controls.
+package nprdmatest
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/nprdma/nprdma/nprdma"
+)
+
+// PageState is the state a test gives a page of a Pager.
+type PageState int
+
+// Page states.
+const (
+	// Resident: present and stable; NIC reads succeed.
+	Resident PageState = iota
+	// Absent: not in memory; NIC reads get the magic page.
+	Absent
+	// Busy: being changed; NIC reads get the magic page.
+	Busy
+)
+
+// Page state word, like the swap layer's: present and busy bits, a version
+// above them.
+const (
+	bitPresent = 1 << 0
+	bitBusy    = 1 << 1
+	versionOne = 1 << 16
+)
+
+// Pager is an in-memory nprdma.Pager. Its memory lives outside the Go heap,
+// as a real region's does. Safe for concurrent use.
+type Pager struct {
+	mem      []byte
+	pageSize int
+	words    []atomic.Uint64
+	change   []atomic.Bool // bump the version between the next ReadBegin and ReadEnd
+	inFlight atomic.Int64
+	begins   atomic.Uint64
+	advised  atomic.Uint64
+}
+
+var _ nprdma.Pager = (*Pager)(nil)
+
+// NewPager returns a pager of pages pages of pageSize bytes, all resident and
+// zero.
+func NewPager(pages, pageSize int) (*Pager, error) {
+	if pages <= 0 || pageSize <= 0 || pageSize%8 != 0 {
+		return nil, fmt.Errorf("nprdmatest: pager of %d pages of %d bytes: bad geometry", pages, pageSize)
+	}
+	mem, err := nprdma.AllocBuffer(pages * pageSize)
+	if err != nil {
+		return nil, err
+	}
+	p := &Pager{mem: mem, pageSize: pageSize, words: make([]atomic.Uint64, pages), change: make([]atomic.Bool, pages)}
+	for i := range p.words {
+		p.words[i].Store(bitPresent)
+	}
+	return p, nil
+}
+
+// Close frees the pager's memory.
+func (p *Pager) Close() error { return nprdma.FreeBuffer(p.mem) }
+
+// Bytes implements nprdma.Pager.
+func (p *Pager) Bytes() []byte { return p.mem }
+
+// PageSize implements nprdma.Pager.
+func (p *Pager) PageSize() int { return p.pageSize }
+
+// Pages is the number of pages.
+func (p *Pager) Pages() int { return len(p.words) }
+
+// Page returns page i's memory, for a test to fill.
+func (p *Pager) Page(i int) []byte { return p.mem[i*p.pageSize : (i+1)*p.pageSize] }
+
+// ReadBegin implements nprdma.Pager.
+func (p *Pager) ReadBegin(i int) (uint64, bool) {
+	p.begins.Add(1)
+	w := p.words[i].Load()
+	if w&bitPresent == 0 || w&bitBusy != 0 {
+		return 0, false
+	}
+	p.inFlight.Add(1)
+	return w, true
+}
+
+// ReadEnd implements nprdma.Pager.
+func (p *Pager) ReadEnd(i int, seq uint64) bool {
+	if p.inFlight.Add(-1) < 0 {
+		panic("nprdmatest: ReadEnd without ReadBegin")
+	}
+	if p.change[i].CompareAndSwap(true, false) {
+		// A writer changed the page while the NIC copied it.
+		p.words[i].Add(versionOne)
+	}
+	return p.words[i].Load() == seq
+}
+
+// Advise implements nprdma.Pager; it only counts calls.
+func (p *Pager) Advise(off, length int64) error {
+	p.advised.Add(1)
+	return nil
+}
+
+// SetState sets page i's state; every change bumps the version.
+func (p *Pager) SetState(i int, s PageState) {
+	for {
+		old := p.words[i].Load()
+		w := (old &^ (versionOne - 1)) + versionOne
+		switch s {
+		case Resident:
+			w |= bitPresent
+		case Busy:
+			w |= bitPresent | bitBusy
+		}
+		if p.words[i].CompareAndSwap(old, w) {
+			return
+		}
+	}
+}
+
+// ChangeDuringCopy makes the next NIC read of page i see the page change
+// between ReadBegin and ReadEnd, as a concurrent writer would.
+func (p *Pager) ChangeDuringCopy(i int) { p.change[i].Store(true) }
+
+// InFlight is the number of reads begun and not ended (0 when the NIC
+// engine matched every ReadBegin with a ReadEnd).
+func (p *Pager) InFlight() int64 { return p.inFlight.Load() }
+
+// Begins counts ReadBegin calls.
+func (p *Pager) Begins() uint64 { return p.begins.Load() }
+
+// MagicPage returns what a page reads as when the NIC cannot read it.
+func MagicPage(magic uint64, pageSize int) []byte {
+	b := make([]byte, pageSize)
+	for k := range b {
+		b[k] = byte(magic >> (8 * (k % 8)))
+	}
+	return b
+}

@@ -1,0 +1,389 @@
+package nprdma
+
+import (
+	"fmt"
+	"time"
+)
+
+// This file is the inbound half of a queue pair: the responder (requests
+// from the peer, executed by the NIC engine) and the requester's handling of
+// responses. Everything here runs on the one goroutine the provider delivers
+// packets on.
+
+// Deliver is called by the provider for each inbound packet.
+func (qp *QP) Deliver(h *Header, p Payload) error {
+	raceAcquire()
+	err := qp.deliver(h, p)
+	raceRelease()
+	return err
+}
+
+func (qp *QP) deliver(h *Header, p Payload) error {
+	qp.lastRx.Store(nanotime())
+	if qp.State() != QPStateRTS {
+		// After a failure or a disconnect nothing executes any more.
+		return discard(p, h.PayloadLen())
+	}
+	switch h.Kind {
+	case PacketSend:
+		return qp.onSend(h, p)
+	case PacketWrite:
+		return qp.onWrite(h, p)
+	case PacketReadRequest:
+		return qp.onReadRequest(h, p)
+	case PacketReadResponse:
+		return qp.onReadResponse(h, p)
+	case PacketAck:
+		return qp.onAck(h)
+	case PacketNak:
+		return qp.onNak(h)
+	case PacketDisconnect:
+		qp.fail(ErrPeerDisconnected, false)
+		return nil
+	}
+	return qp.protocolError("unexpected packet kind %s", h.Kind)
+}
+
+// Idle flushes acknowledgements and responses once the inbound stream is
+// drained, so one write carries every response to one read.
+func (qp *QP) Idle() {
+	rs := &qp.rs
+	if rs.ackPending && qp.State() == QPStateRTS {
+		rs.ackPending = false
+		qp.respond(Packet{Header: Header{Kind: PacketAck, Seq: rs.expected - 1}})
+	}
+	qp.link.Flush()
+}
+
+func (qp *QP) protocolError(format string, args ...any) error {
+	err := fmt.Errorf("%w: "+format, append([]any{ErrProtocol}, args...)...)
+	qp.fail(err, true)
+	return err
+}
+
+func discard(p Payload, n int) error {
+	if n == 0 {
+		return nil
+	}
+	return p.Discard(n)
+}
+
+func (qp *QP) respond(pkts ...Packet) {
+	qp.rs.pkts = append(qp.rs.pkts[:0], pkts...)
+	qp.link.Send(qp.rs.pkts)
+	clear(qp.rs.pkts)
+}
+
+// checkSeq accepts the request the responder expects. After an RNR NAK the
+// requester goes back to the NAKed request, so the requests it had sent
+// after it are dropped until it arrives again.
+func (qp *QP) checkSeq(h *Header, p Payload) (bool, error) {
+	rs := &qp.rs
+	if h.Seq == rs.expected {
+		rs.nakMode = false
+		return true, nil
+	}
+	if rs.nakMode && seqBefore(rs.expected, h.Seq) {
+		return false, discard(p, h.PayloadLen())
+	}
+	return false, qp.protocolError("request %d out of sequence, expected %d", h.Seq, rs.expected)
+}
+
+// nak refuses request seq. Every NAK but RNR is fatal for both queue pairs:
+// the NAK is sent, then the link closes gracefully.
+func (qp *QP) nak(h *Header, p Payload, syn Syndrome, cause error) error {
+	qp.rs.ackPending = false // a NAK acknowledges everything before it
+	qp.respond(Packet{Header: Header{Kind: PacketNak, Seq: h.Seq, Syndrome: syn}})
+	if err := discard(p, h.PayloadLen()); err != nil {
+		return err
+	}
+	if syn == NakRNR {
+		qp.rs.nakMode = true
+		qp.dev.ctr.rnrNaksSent.Add(1)
+		return nil
+	}
+	qp.fail(cause, false)
+	return nil
+}
+
+// peekRecv returns the oldest posted receive, or nil.
+func (qp *QP) peekRecv() *recvRecord {
+	rq := &qp.rq
+	rq.mu.Lock()
+	defer rq.mu.Unlock()
+	if rq.count == 0 || rq.flushed {
+		return nil
+	}
+	return &rq.ring[rq.head]
+}
+
+func (qp *QP) completeRecv(wc WC) {
+	rq := &qp.rq
+	rq.mu.Lock()
+	wc.ID = rq.ring[rq.head].id
+	wc.QPNum = qp.num
+	qp.popRecvLocked()
+	ok := qp.recvCQ.push(wc)
+	rq.mu.Unlock()
+	if !ok {
+		qp.fail(ErrCQOverflow, false)
+	}
+}
+
+func (qp *QP) onSend(h *Header, p Payload) error {
+	if ok, err := qp.checkSeq(h, p); !ok {
+		return err
+	}
+	rec := qp.peekRecv()
+	if rec == nil {
+		return qp.nak(h, p, NakRNR, nil)
+	}
+	if rec.err != StatusSuccess {
+		qp.completeRecv(WC{Status: rec.err, Op: OpRecv})
+		return qp.nak(h, p, NakRemoteOperation, fmt.Errorf("%w: receive buffer of a %d-byte SEND", ErrLocalProtection, h.Len))
+	}
+	if uint64(h.Len) > rec.capacity {
+		qp.completeRecv(WC{Status: StatusLocalLength, Op: OpRecv})
+		return qp.nak(h, p, NakInvalidRequest, fmt.Errorf("%w: %d-byte SEND into %d bytes of receive buffers", ErrLocalLength, h.Len, rec.capacity))
+	}
+	if err := scatter(p, rec.segs, 0, int(h.Len)); err != nil {
+		return err
+	}
+	qp.completeRecv(WC{Status: StatusSuccess, Op: OpRecv, ByteLen: h.Len, Imm: h.Imm, HasImm: h.HasImm})
+	qp.rs.expected++
+	qp.rs.ackPending = true
+	return nil
+}
+
+func (qp *QP) onWrite(h *Header, p Payload) error {
+	if ok, err := qp.checkSeq(h, p); !ok {
+		return err
+	}
+	var dst []byte
+	if h.Len > 0 {
+		// The NIC engine's check, before any byte moves. (As in verbs, a
+		// zero-length WRITE names no memory and is not checked.)
+		mr, off, ok := qp.pd.remoteRegion(h.RKey, h.Addr, h.Len, AccessRemoteWrite)
+		if !ok {
+			qp.dev.ctr.remoteAccessErrors.Add(1)
+			return qp.nak(h, p, NakRemoteAccess, fmt.Errorf("%w: peer's WRITE of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
+		}
+		dst = mr.buf[off : off+int(h.Len)]
+	}
+	if h.HasImm && qp.peekRecv() == nil {
+		// WRITE_WITH_IMM consumes a receive: without one nothing is written.
+		return qp.nak(h, p, NakRNR, nil)
+	}
+	if len(dst) > 0 {
+		if err := p.Read(dst); err != nil {
+			return err
+		}
+	}
+	qp.dev.ctr.writesServed.Add(1)
+	qp.dev.ctr.writeBytesServed.Add(uint64(h.Len))
+	if h.HasImm {
+		qp.completeRecv(WC{Status: StatusSuccess, Op: OpRecvRDMAWithImm, ByteLen: h.Len, Imm: h.Imm, HasImm: true})
+	}
+	qp.rs.expected++
+	qp.rs.ackPending = true
+	return nil
+}
+
+func (qp *QP) onReadRequest(h *Header, p Payload) error {
+	if ok, err := qp.checkSeq(h, p); !ok {
+		return err
+	}
+	if h.Len > MaxMessageSize {
+		return qp.nak(h, p, NakInvalidRequest, fmt.Errorf("%w: peer's READ of %d bytes exceeds %d", ErrRemoteRequest, h.Len, MaxMessageSize))
+	}
+	var mr *MR
+	var off int
+	if h.Len > 0 {
+		var ok bool
+		mr, off, ok = qp.pd.remoteRegion(h.RKey, h.Addr, h.Len, AccessRemoteRead)
+		if !ok {
+			qp.dev.ctr.remoteAccessErrors.Add(1)
+			return qp.nak(h, p, NakRemoteAccess, fmt.Errorf("%w: peer's READ of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
+		}
+	}
+	qp.rs.ackPending = false // the response acknowledges everything before it
+	qp.rs.expected++
+	qp.serveRead(h.Seq, mr, off, int(h.Len))
+	return nil
+}
+
+// requester side -------------------------------------------------------------
+
+// headSeqLocked is the sequence number of the oldest outstanding request.
+func (qp *QP) headSeqLocked() uint32 { return qp.sq.nextSeq - uint32(qp.sq.count) }
+
+// ackThroughLocked completes, as successes, the k oldest records, which must
+// all be transmitted SENDs or WRITEs: a READ completes only by its response.
+func (qp *QP) ackThroughLocked(k int) error {
+	sq := &qp.sq
+	if k > sq.sent {
+		return fmt.Errorf("acknowledges %d requests, only %d transmitted", k, sq.sent)
+	}
+	for i := 0; i < k; i++ {
+		if sq.ring[sq.head].op == OpRead {
+			return fmt.Errorf("acknowledges READ %d without its response", sq.ring[sq.head].seq)
+		}
+		qp.completeHeadLocked(StatusSuccess)
+	}
+	return nil
+}
+
+func (qp *QP) onAck(h *Header) error {
+	sq := &qp.sq
+	sq.mu.Lock()
+	head := qp.headSeqLocked()
+	if sq.count == 0 || seqBefore(h.Seq, head) {
+		sq.mu.Unlock()
+		return qp.protocolError("ACK %d with nothing outstanding from %d", h.Seq, head)
+	}
+	err := qp.ackThroughLocked(int(h.Seq-head) + 1)
+	qp.pushSendLocked()
+	if err == nil {
+		qp.settleHeadLocked()
+	}
+	sq.mu.Unlock()
+	if err != nil {
+		return qp.protocolError("ACK %d %v", h.Seq, err)
+	}
+	return nil
+}
+
+func (qp *QP) onNak(h *Header) error {
+	sq := &qp.sq
+	sq.mu.Lock()
+	head := qp.headSeqLocked()
+	if sq.count == 0 || seqBefore(h.Seq, head) || int(h.Seq-head) >= sq.sent {
+		sq.mu.Unlock()
+		return qp.protocolError("NAK %d for no transmitted request (oldest %d)", h.Seq, head)
+	}
+	if err := qp.ackThroughLocked(int(h.Seq - head)); err != nil {
+		qp.pushSendLocked()
+		sq.mu.Unlock()
+		return qp.protocolError("NAK %d %v", h.Seq, err)
+	}
+	rec := &sq.ring[sq.head]
+	var st Status
+	var cause error
+	switch h.Syndrome {
+	case NakRNR:
+		rec.rnrTries++
+		qp.dev.ctr.rnrRetries.Add(1)
+		if rec.rnrTries <= qp.rnrRetry {
+			// Go back N: the responder dropped everything after this
+			// request; send it all again after the RNR timer.
+			sq.sent = 0
+			sq.rnrWait = true
+			if qp.rnrTimer == nil {
+				qp.rnrTimer = time.AfterFunc(qp.rnrTimeout, qp.onRNRTimer)
+			} else {
+				qp.rnrTimer.Reset(qp.rnrTimeout)
+			}
+			qp.pushSendLocked()
+			sq.mu.Unlock()
+			return nil
+		}
+		st, cause = StatusRNRRetryExceeded, fmt.Errorf("%w: request %d refused %d times", ErrRNRRetryExceeded, h.Seq, rec.rnrTries)
+	case NakRemoteAccess:
+		st, cause = StatusRemoteAccess, fmt.Errorf("%w: %s of %d bytes at %#x with rkey %#x refused by the peer", ErrRemoteAccess, rec.op, rec.length, rec.raddr, rec.rkey)
+	case NakInvalidRequest:
+		st, cause = StatusRemoteInvalidRequest, fmt.Errorf("%w: %s of %d bytes refused by the peer", ErrRemoteRequest, rec.op, rec.length)
+	case NakRemoteOperation:
+		st, cause = StatusRemoteOperation, fmt.Errorf("%w: %s of %d bytes failed at the peer", ErrRemoteOperation, rec.op, rec.length)
+	default:
+		qp.pushSendLocked()
+		sq.mu.Unlock()
+		return qp.protocolError("NAK with unknown syndrome %d", h.Syndrome)
+	}
+	qp.completeHeadLocked(st)
+	qp.pushSendLocked()
+	sq.mu.Unlock()
+	qp.fail(cause, false)
+	return nil
+}
+
+func (qp *QP) onReadResponse(h *Header, p Payload) error {
+	sq := &qp.sq
+	sq.mu.Lock()
+	head := qp.headSeqLocked()
+	if sq.count == 0 || seqBefore(h.Seq, head) || int(h.Seq-head) >= sq.sent {
+		sq.mu.Unlock()
+		return qp.protocolError("READ response %d for no transmitted request (oldest %d)", h.Seq, head)
+	}
+	err := qp.ackThroughLocked(int(h.Seq - head))
+	qp.pushSendLocked()
+	rec := &sq.ring[sq.head]
+	if err == nil && rec.op != OpRead {
+		err = fmt.Errorf("answers %s %d", rec.op, rec.seq)
+	}
+	if err == nil && (h.Offset != rec.received || h.Len > rec.length-rec.received) {
+		err = fmt.Errorf("segment [%d, +%d) of a %d-byte READ with %d bytes received", h.Offset, h.Len, rec.length, rec.received)
+	}
+	sq.mu.Unlock()
+	if err != nil {
+		return qp.protocolError("READ response %d %v", h.Seq, err)
+	}
+	// Only this goroutine completes records, so rec stays ours while the
+	// payload lands in its buffers without the lock.
+	if h.Fill {
+		fillPattern(rec.segs, int(h.Offset), int(h.Len), h.Pattern)
+	} else if err := scatter(p, rec.segs, int(h.Offset), int(h.Len)); err != nil {
+		return err
+	}
+	rec.received += h.Len
+	if !h.Last {
+		return nil
+	}
+	if rec.received != rec.length {
+		return qp.protocolError("READ response %d ends after %d of %d bytes", h.Seq, rec.received, rec.length)
+	}
+	sq.mu.Lock()
+	qp.completeHeadLocked(StatusSuccess)
+	qp.pushSendLocked()
+	qp.settleHeadLocked()
+	sq.mu.Unlock()
+	return nil
+}
+
+// scatter reads n payload bytes into the concatenation of segs, starting at
+// byte off of it.
+func scatter(p Payload, segs [][]byte, off, n int) error {
+	for _, s := range segs {
+		if n == 0 {
+			return nil
+		}
+		if off >= len(s) {
+			off -= len(s)
+			continue
+		}
+		k := min(len(s)-off, n)
+		if err := p.Read(s[off : off+k]); err != nil {
+			return err
+		}
+		off, n = 0, n-k
+	}
+	return nil
+}
+
+// fillPattern writes n bytes at byte off of segs, byte j being byte j%8 of
+// pattern (little endian).
+func fillPattern(segs [][]byte, off, n int, pattern uint64) {
+	j := 0
+	for _, s := range segs {
+		if n == 0 {
+			return
+		}
+		if off >= len(s) {
+			off -= len(s)
+			continue
+		}
+		k := min(len(s)-off, n)
+		fillPhase(s[off:off+k], pattern, j)
+		j += k
+		off, n = 0, n-k
+	}
+}

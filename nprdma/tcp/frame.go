@@ -1,0 +1,282 @@
+package tcp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/nprdma/nprdma/nprdma"
+)
+
+// Wire format: every frame starts with an 8-byte prefix
+//
+//	0  u8   type
+//	1  u8   flags (bit 0 IMM, bit 1 LAST; undefined bits must be 0)
+//	2  u16  reserved, 0 (NAK: syndrome in byte 2, byte 3 is 0)
+//	4  u32  sequence number
+//
+// followed by a fixed, type-specific rest and, for SEND, WRITE and
+// READ_RESP, the payload. All integers are little endian. docs/nprdma.md
+// has the full table.
+const (
+	frameSend       = 1  // +len u32, imm u32                         = 16, payload len
+	frameWrite      = 2  // +len u32, rkey u32, addr u64, imm u32     = 28, payload len
+	frameReadReq    = 3  // +len u32, rkey u32, addr u64              = 24
+	frameReadResp   = 4  // +len u32, offset u32                      = 16, payload len
+	frameReadFill   = 5  // +len u32, offset u32, pattern u64         = 24
+	frameAck        = 6  //                                           = 8
+	frameNak        = 7  // syndrome in prefix byte 2                 = 8
+	frameDisconnect = 8  //                                           = 8
+	frameConnect    = 16 // +magic u32, version u16, pdlen u16, qpn u32 = 20, private data
+	frameAccept     = 17 // +pdlen u16, reserved u16, qpn u32         = 16, private data
+	frameReject     = 18 // +pdlen u16, reserved u16                  = 12, private data
+
+	flagImm  = 1 << 0
+	flagLast = 1 << 1
+
+	prefixLen = 8
+	// maxHeaderLen is the longest fixed part of any frame.
+	maxHeaderLen = 28
+
+	// connectMagic is "NPRD" read as a little-endian u32.
+	connectMagic    = 0x4452504e
+	protocolVersion = 1
+)
+
+var headerLens = [...]int{
+	frameSend: 16, frameWrite: 28, frameReadReq: 24, frameReadResp: 16, frameReadFill: 24,
+	frameAck: 8, frameNak: 8, frameDisconnect: 8,
+	frameConnect: 20, frameAccept: 16, frameReject: 12,
+}
+
+// headerLen is the length of the fixed part of a frame of type t, 0 for an
+// unknown type.
+func headerLen(t byte) int {
+	if int(t) >= len(headerLens) {
+		return 0
+	}
+	return headerLens[t]
+}
+
+var (
+	errShort = errors.New("short frame")
+	errFrame = errors.New("malformed frame")
+)
+
+func malformed(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errFrame}, args...)...)
+}
+
+// appendHeader encodes h (a data-path frame) after b.
+func appendHeader(b []byte, h *nprdma.Header) []byte {
+	var t, flags byte
+	var aux uint16
+	switch h.Kind {
+	case nprdma.PacketSend:
+		t = frameSend
+	case nprdma.PacketWrite:
+		t = frameWrite
+	case nprdma.PacketReadRequest:
+		t = frameReadReq
+	case nprdma.PacketReadResponse:
+		t = frameReadResp
+		if h.Fill {
+			t = frameReadFill
+		}
+		if h.Last {
+			flags |= flagLast
+		}
+	case nprdma.PacketAck:
+		t = frameAck
+	case nprdma.PacketNak:
+		t = frameNak
+		aux = uint16(h.Syndrome)
+	case nprdma.PacketDisconnect:
+		t = frameDisconnect
+	default:
+		panic("tcp: encoding packet kind " + h.Kind.String())
+	}
+	if h.HasImm && (t == frameSend || t == frameWrite) {
+		flags |= flagImm
+	}
+	b = append(b, t, flags)
+	b = binary.LittleEndian.AppendUint16(b, aux)
+	b = binary.LittleEndian.AppendUint32(b, h.Seq)
+	le := binary.LittleEndian
+	switch t {
+	case frameSend:
+		b = le.AppendUint32(b, h.Len)
+		b = le.AppendUint32(b, h.Imm)
+	case frameWrite:
+		b = le.AppendUint32(b, h.Len)
+		b = le.AppendUint32(b, h.RKey)
+		b = le.AppendUint64(b, h.Addr)
+		b = le.AppendUint32(b, h.Imm)
+	case frameReadReq:
+		b = le.AppendUint32(b, h.Len)
+		b = le.AppendUint32(b, h.RKey)
+		b = le.AppendUint64(b, h.Addr)
+	case frameReadResp:
+		b = le.AppendUint32(b, h.Len)
+		b = le.AppendUint32(b, h.Offset)
+	case frameReadFill:
+		b = le.AppendUint32(b, h.Len)
+		b = le.AppendUint32(b, h.Offset)
+		b = le.AppendUint64(b, h.Pattern)
+	}
+	return b
+}
+
+// parseHeader decodes the data-path frame header at the start of b into h
+// and returns its length. It returns errShort when b holds less than the
+// header, and an errFrame error for anything malformed, including a length
+// beyond nprdma.MaxMessageSize: nothing is allocated on a peer's say-so.
+func parseHeader(b []byte, h *nprdma.Header) (int, error) {
+	if len(b) < 1 {
+		return 0, errShort
+	}
+	t := b[0]
+	n := headerLen(t)
+	if n == 0 || t >= frameConnect {
+		return 0, malformed("unknown frame type %d", t)
+	}
+	if len(b) < n {
+		return 0, errShort
+	}
+	le := binary.LittleEndian
+	flags, aux, seq := b[1], le.Uint16(b[2:]), le.Uint32(b[4:])
+	*h = nprdma.Header{Seq: seq}
+	allowed := byte(0)
+	switch t {
+	case frameSend, frameWrite:
+		allowed = flagImm
+	case frameReadResp, frameReadFill:
+		allowed = flagLast
+	}
+	if flags&^allowed != 0 {
+		return 0, malformed("frame type %d with flags %#x", t, flags)
+	}
+	if aux != 0 && t != frameNak {
+		return 0, malformed("frame type %d with reserved bits %#x", t, aux)
+	}
+	switch t {
+	case frameSend:
+		h.Kind, h.Len, h.Imm = nprdma.PacketSend, le.Uint32(b[8:]), le.Uint32(b[12:])
+		h.HasImm = flags&flagImm != 0
+	case frameWrite:
+		h.Kind, h.Len, h.RKey, h.Addr, h.Imm = nprdma.PacketWrite, le.Uint32(b[8:]), le.Uint32(b[12:]), le.Uint64(b[16:]), le.Uint32(b[24:])
+		h.HasImm = flags&flagImm != 0
+	case frameReadReq:
+		h.Kind, h.Len, h.RKey, h.Addr = nprdma.PacketReadRequest, le.Uint32(b[8:]), le.Uint32(b[12:]), le.Uint64(b[16:])
+	case frameReadResp, frameReadFill:
+		h.Kind, h.Len, h.Offset = nprdma.PacketReadResponse, le.Uint32(b[8:]), le.Uint32(b[12:])
+		h.Last = flags&flagLast != 0
+		if t == frameReadFill {
+			h.Fill, h.Pattern = true, le.Uint64(b[16:])
+		}
+		if uint64(h.Offset)+uint64(h.Len) > nprdma.MaxMessageSize {
+			return 0, malformed("READ response segment [%d, +%d) beyond %d bytes", h.Offset, h.Len, nprdma.MaxMessageSize)
+		}
+	case frameAck:
+		h.Kind = nprdma.PacketAck
+	case frameNak:
+		h.Kind, h.Syndrome = nprdma.PacketNak, nprdma.Syndrome(aux&0xff)
+		if aux>>8 != 0 || h.Syndrome < nprdma.NakRNR || h.Syndrome > nprdma.NakRemoteOperation {
+			return 0, malformed("NAK with syndrome field %#x", aux)
+		}
+	case frameDisconnect:
+		h.Kind = nprdma.PacketDisconnect
+	}
+	if (t == frameSend || t == frameWrite) && h.Len > nprdma.MaxMessageSize {
+		return 0, malformed("%s of %d bytes beyond %d", h.Kind, h.Len, nprdma.MaxMessageSize)
+	}
+	return n, nil
+}
+
+// cmFrame is a connection-manager frame (CONNECT, ACCEPT, REJECT).
+type cmFrame struct {
+	typ         byte
+	qpn         uint32
+	privateData []byte
+}
+
+func appendCM(b []byte, f cmFrame) []byte {
+	le := binary.LittleEndian
+	b = append(b, f.typ, 0, 0, 0, 0, 0, 0, 0)
+	pdlen := uint16(len(f.privateData))
+	switch f.typ {
+	case frameConnect:
+		b = le.AppendUint32(b, connectMagic)
+		b = le.AppendUint16(b, protocolVersion)
+		b = le.AppendUint16(b, pdlen)
+		b = le.AppendUint32(b, f.qpn)
+	case frameAccept:
+		b = le.AppendUint16(b, pdlen)
+		b = le.AppendUint16(b, 0)
+		b = le.AppendUint32(b, f.qpn)
+	case frameReject:
+		b = le.AppendUint16(b, pdlen)
+		b = le.AppendUint16(b, 0)
+	default:
+		panic("tcp: encoding cm frame type " + fmt.Sprint(f.typ))
+	}
+	return append(b, f.privateData...)
+}
+
+// parseCM decodes the connection-manager frame at the start of b, which
+// must be of one of the types in want. It returns errShort while b holds
+// less than the whole frame; private data beyond nprdma.MaxPrivateData is
+// refused before it is read.
+func parseCM(b []byte, want ...byte) (cmFrame, int, error) {
+	if len(b) < 1 {
+		return cmFrame{}, 0, errShort
+	}
+	t := b[0]
+	ok := false
+	for _, w := range want {
+		ok = ok || t == w
+	}
+	if !ok {
+		return cmFrame{}, 0, malformed("frame type %d during the handshake", t)
+	}
+	n := headerLen(t)
+	if len(b) < n {
+		return cmFrame{}, 0, errShort
+	}
+	le := binary.LittleEndian
+	for _, x := range b[1:prefixLen] {
+		if x != 0 {
+			return cmFrame{}, 0, malformed("handshake frame with a non-zero prefix")
+		}
+	}
+	f := cmFrame{typ: t}
+	var pdlen int
+	switch t {
+	case frameConnect:
+		if m := le.Uint32(b[8:]); m != connectMagic {
+			return cmFrame{}, 0, malformed("connect magic %#x, not an nprdma peer", m)
+		}
+		if v := le.Uint16(b[12:]); v != protocolVersion {
+			return cmFrame{}, 0, malformed("protocol version %d, want %d", v, protocolVersion)
+		}
+		pdlen, f.qpn = int(le.Uint16(b[14:])), le.Uint32(b[16:])
+	case frameAccept:
+		pdlen, f.qpn = int(le.Uint16(b[8:])), le.Uint32(b[12:])
+		if le.Uint16(b[10:]) != 0 {
+			return cmFrame{}, 0, malformed("accept with reserved bits")
+		}
+	case frameReject:
+		pdlen = int(le.Uint16(b[8:]))
+		if le.Uint16(b[10:]) != 0 {
+			return cmFrame{}, 0, malformed("reject with reserved bits")
+		}
+	}
+	if pdlen > nprdma.MaxPrivateData {
+		return cmFrame{}, 0, malformed("%d bytes of private data, at most %d", pdlen, nprdma.MaxPrivateData)
+	}
+	if len(b) < n+pdlen {
+		return cmFrame{}, 0, errShort
+	}
+	f.privateData = append([]byte(nil), b[n:n+pdlen]...)
+	return f, n + pdlen, nil
+}

@@ -1,0 +1,547 @@
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nprdma/nprdma/nprdma"
+)
+
+// link is one queue pair's TCP connection.
+//
+// Writing: whoever has packets to send (a poster, the reader goroutine
+// answering a request, a timer) writes them itself with one non-blocking
+// writev when the socket is idle; packets queued meanwhile by others go out
+// in the same writev or the next (flat combining). When the socket would
+// block, the rest is handed to a goroutine that waits for it, so no caller —
+// and never the reader goroutine — waits for the peer.
+//
+// Reading: one goroutine reads frames and hands them to the queue pair;
+// payloads are read straight into their destination (registered memory).
+type link struct {
+	prov *Provider
+	nc   *net.TCPConn
+	rc   syscall.RawConn
+	rd   *reader
+	rx   nprdma.Receiver
+
+	wmu      sync.Mutex
+	pend     *wbatch // queued, not yet being written
+	spare    *wbatch // a drained batch, kept for its buffers
+	busy     bool    // someone is writing
+	closing  bool    // Close: shut the write side down once drained
+	shut     bool
+	dead     bool
+	iov      []unix.Iovec
+	wpayload payload
+
+	startOnce sync.Once
+	abortCh   chan struct{} // closed by abort
+	w         writeState
+	writeFn   func(fd uintptr) bool
+}
+
+type wseg struct {
+	off, n int    // header bytes hdr[off:off+n] when data is nil
+	data   []byte // payload
+}
+
+type wbatch struct {
+	hdr  []byte
+	segs []wseg
+	rels []nprdma.Releaser
+	// write position
+	seg, segOff int
+}
+
+func (b *wbatch) empty() bool { return b.seg >= len(b.segs) }
+
+func (b *wbatch) reset() {
+	for i := range b.rels {
+		b.rels[i].Release()
+		b.rels[i] = nil
+	}
+	clear(b.segs)
+	b.hdr, b.segs, b.rels = b.hdr[:0], b.segs[:0], b.rels[:0]
+	b.seg, b.segOff = 0, 0
+}
+
+func (b *wbatch) drop() {
+	b.reset()
+}
+
+func newLink(p *Provider, nc *net.TCPConn, rd *reader) (*link, error) {
+	rc, err := nc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	nc.SetNoDelay(true)
+	l := &link{prov: p, nc: nc, rc: rc, rd: rd, iov: make([]unix.Iovec, 0, 64), abortCh: make(chan struct{}), pend: new(wbatch), spare: new(wbatch)}
+	l.writeFn = l.writeSocket
+	if !p.addLink(l) {
+		nc.Close()
+		return nil, errCrashed
+	}
+	return l, nil
+}
+
+// Start implements nprdma.Link.
+func (l *link) Start(r nprdma.Receiver) {
+	l.startOnce.Do(func() {
+		l.rx = r
+		go l.readLoop()
+	})
+}
+
+// Send implements nprdma.Link: it encodes the headers and queues the
+// payload slices, without copying them.
+func (l *link) Send(pkts []nprdma.Packet) {
+	l.wmu.Lock()
+	if l.dead || l.closing {
+		l.wmu.Unlock()
+		for i := range pkts {
+			if pkts[i].Buf != nil {
+				pkts[i].Buf.Release()
+			}
+		}
+		return
+	}
+	b := l.pend
+	for i := range pkts {
+		p := &pkts[i]
+		off := len(b.hdr)
+		b.hdr = appendHeader(b.hdr, &p.Header)
+		n := len(b.hdr) - off
+		if k := len(b.segs) - 1; k >= 0 && b.segs[k].data == nil && b.segs[k].off+b.segs[k].n == off {
+			b.segs[k].n += n // adjacent headers share an iovec
+		} else {
+			b.segs = append(b.segs, wseg{off: off, n: n})
+		}
+		for _, d := range p.Data {
+			if len(d) > 0 {
+				b.segs = append(b.segs, wseg{data: d})
+			}
+		}
+		if p.Buf != nil {
+			b.rels = append(b.rels, p.Buf)
+		}
+	}
+	l.wmu.Unlock()
+}
+
+// Flush implements nprdma.Link.
+func (l *link) Flush() {
+	l.wmu.Lock()
+	if l.busy || l.dead {
+		l.wmu.Unlock()
+		return
+	}
+	if len(l.pend.segs) == 0 {
+		l.shutdownIfDoneLocked()
+		l.wmu.Unlock()
+		return
+	}
+	l.busy = true
+	for {
+		b := l.pend
+		l.pend, l.spare = l.spare, b
+		l.wmu.Unlock()
+		done, err := l.write(b, false)
+		if err != nil {
+			l.writeFailed(b, err)
+			return
+		}
+		if !done {
+			// The socket is full: a goroutine of the link's own waits.
+			go l.drain(b)
+			return
+		}
+		b.reset()
+		l.wmu.Lock()
+		if len(l.pend.segs) == 0 || l.dead {
+			if l.dead {
+				l.pend.drop()
+			}
+			l.busy = false
+			l.shutdownIfDoneLocked()
+			l.wmu.Unlock()
+			return
+		}
+	}
+}
+
+// drain writes b, waiting for the socket, and then everything queued. b
+// is the link's spare batch, which nobody else touches while busy is set.
+func (l *link) drain(b *wbatch) {
+	for {
+		if _, err := l.write(b, true); err != nil {
+			l.writeFailed(b, err)
+			return
+		}
+		b.reset()
+		l.wmu.Lock()
+		if len(l.pend.segs) == 0 || l.dead {
+			if l.dead {
+				l.pend.drop()
+			}
+			l.busy = false
+			l.shutdownIfDoneLocked()
+			l.wmu.Unlock()
+			return
+		}
+		b = l.pend
+		l.pend, l.spare = l.spare, b
+		l.wmu.Unlock()
+	}
+}
+
+func (l *link) writeFailed(b *wbatch, err error) {
+	b.drop()
+	l.wmu.Lock()
+	l.busy = false
+	l.pend.drop()
+	l.wmu.Unlock()
+	l.abort(fmt.Errorf("tcp: write: %w", err))
+}
+
+func (l *link) shutdownIfDoneLocked() {
+	if l.closing && !l.shut && !l.dead {
+		l.shut = true
+		l.nc.CloseWrite()
+	}
+}
+
+// write writes b from its position with writev. Non-blocking, it returns
+// done=false once the socket would block; blocking, it waits for the
+// socket instead. Only the one writer (see busy) calls it.
+func (l *link) write(b *wbatch, blocking bool) (done bool, err error) {
+	w := &l.w
+	w.b, w.blocking, w.done, w.err = b, blocking, false, nil
+	rerr := l.rc.Write(l.writeFn) // a method value made once: no allocation here
+	w.b = nil
+	if w.err != nil {
+		return false, w.err
+	}
+	if rerr != nil {
+		return false, rerr
+	}
+	return w.done, nil
+}
+
+// writeState is the argument of writeSocket, kept in the link so that the
+// RawConn callback needs no closure.
+type writeState struct {
+	b        *wbatch
+	blocking bool
+	done     bool
+	err      error
+}
+
+func (l *link) writeSocket(fd uintptr) bool {
+	w := &l.w
+	b := w.b
+	for !b.empty() {
+		iov := l.iov[:0]
+		seg, off := b.seg, b.segOff
+		for ; seg < len(b.segs) && len(iov) < 1024; seg++ {
+			s := b.segs[seg]
+			p := s.data
+			if p == nil {
+				p = b.hdr[s.off : s.off+s.n]
+			}
+			p = p[off:]
+			off = 0
+			iov = append(iov, unix.Iovec{Base: unsafe.SliceData(p), Len: uint64(len(p))})
+		}
+		l.iov = iov[:0]
+		n, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(unsafe.SliceData(iov))), uintptr(len(iov)))
+		clear(iov)
+		switch e {
+		case 0:
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return !w.blocking // false: wait until writable, then again
+		default:
+			w.err = e
+			return true
+		}
+		b.advance(int(n))
+	}
+	w.done = true
+	return true
+}
+
+func (b *wbatch) advance(n int) {
+	for n > 0 {
+		s := b.segs[b.seg]
+		size := s.n
+		if s.data != nil {
+			size = len(s.data)
+		}
+		k := min(n, size-b.segOff)
+		b.segOff += k
+		n -= k
+		if b.segOff == size {
+			b.seg++
+			b.segOff = 0
+		}
+	}
+}
+
+// Close implements nprdma.Link: queued packets go out, then the write side
+// shuts down; the reader goes on until the peer closes too.
+func (l *link) Close() {
+	l.wmu.Lock()
+	l.closing = true
+	if !l.busy && len(l.pend.segs) == 0 {
+		l.shutdownIfDoneLocked()
+	}
+	l.wmu.Unlock()
+	if !l.busyNow() {
+		l.Flush()
+	}
+}
+
+func (l *link) busyNow() bool {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	return l.busy
+}
+
+// Abort implements nprdma.Link: the connection is reset at once.
+func (l *link) Abort() {
+	started := true
+	l.startOnce.Do(func() { started = false }) // a link never started never will be
+	l.abort(errAborted)
+	if !started {
+		l.prov.removeLink(l)
+	}
+}
+
+func (l *link) abort(err error) {
+	l.wmu.Lock()
+	if l.dead {
+		l.wmu.Unlock()
+		return
+	}
+	l.dead = true
+	if !l.busy {
+		l.pend.drop()
+	}
+	close(l.abortCh)
+	l.wmu.Unlock()
+	l.nc.SetLinger(0) // reset, as the death of the process would
+	l.nc.Close()
+}
+
+var (
+	errAborted = errors.New("tcp: link aborted")
+	errCrashed = errors.New("tcp: provider crashed")
+)
+
+func (l *link) readLoop() {
+	err := l.readFrames()
+	l.wmu.Lock()
+	l.dead = true
+	if !l.busy {
+		l.pend.drop()
+	}
+	l.wmu.Unlock()
+	l.nc.Close()
+	l.prov.removeLink(l)
+	l.rx.LinkDown(err)
+}
+
+func (l *link) readFrames() error {
+	var h nprdma.Header
+	lastPayload := 0
+	pl := &l.wpayload
+	pl.rd = l.rd
+	rd := l.rd
+	for {
+		if err := l.prov.waitThawed(l); err != nil {
+			return err
+		}
+		if rd.buffered() == 0 {
+			// About to wait for the network: let the queue pair send its
+			// acknowledgements and responses first, in one write.
+			l.rx.Idle()
+			// After a large payload the next frame is likely large too:
+			// read little ahead, so that its payload goes straight to its
+			// destination rather than through the buffer.
+			if err := rd.fillAtMost(1, readAhead(lastPayload)); err != nil {
+				return err
+			}
+		}
+		n := headerLen(rd.peek()[0])
+		if n == 0 {
+			return fmt.Errorf("tcp: %w: %w: unknown frame type %d", nprdma.ErrProtocol, errFrame, rd.peek()[0])
+		}
+		if rd.buffered() < n {
+			l.rx.Idle()
+			if err := rd.fill(n); err != nil {
+				return err
+			}
+		}
+		if _, err := parseHeader(rd.peek(), &h); err != nil {
+			return fmt.Errorf("tcp: %w: %w", nprdma.ErrProtocol, err)
+		}
+		rd.consume(n)
+		pl.remaining = h.PayloadLen()
+		lastPayload = pl.remaining
+		if pl.remaining > rd.buffered() {
+			l.rx.Idle() // about to wait for the payload: flush responses first
+		}
+		err := l.rx.Deliver(&h, pl)
+		if err == nil && pl.remaining > 0 {
+			err = pl.Discard(pl.remaining)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// payload is the payload of the frame being delivered, read from the
+// socket straight into the destination.
+type payload struct {
+	rd        *reader
+	remaining int
+}
+
+func (p *payload) Read(dst []byte) error {
+	if len(dst) > p.remaining {
+		return fmt.Errorf("tcp: reading %d payload bytes, %d left", len(dst), p.remaining)
+	}
+	p.remaining -= len(dst)
+	return p.rd.readFull(dst)
+}
+
+func (p *payload) Discard(n int) error {
+	if n > p.remaining {
+		return fmt.Errorf("tcp: discarding %d payload bytes, %d left", n, p.remaining)
+	}
+	p.remaining -= n
+	return p.rd.discard(n)
+}
+
+// reader is a buffered reader that reads large payloads directly into their
+// destination.
+type reader struct {
+	src  io.Reader
+	buf  []byte
+	r, w int
+}
+
+// directRead: a payload remainder at least this large skips the buffer.
+const directRead = 32 << 10
+
+func newReader(src io.Reader, size int) *reader {
+	return &reader{src: src, buf: make([]byte, size)}
+}
+
+func (r *reader) buffered() int { return r.w - r.r }
+func (r *reader) peek() []byte  { return r.buf[r.r:r.w] }
+func (r *reader) consume(n int) { r.r += n }
+
+// readAhead is how much the reader asks the socket for at a frame boundary,
+// given the size of the last payload.
+func readAhead(lastPayload int) int {
+	if lastPayload >= directRead {
+		return 4 << 10
+	}
+	return 0 // the whole buffer
+}
+
+// fillAtMost is fill, reading at most limit bytes ahead (0: no limit).
+func (r *reader) fillAtMost(n, limit int) error {
+	if limit <= 0 || r.w-r.r >= n {
+		return r.fill(n)
+	}
+	full := r.buf
+	if r.r == r.w {
+		r.r, r.w = 0, 0
+	}
+	if end := r.w + max(limit, n); end < len(r.buf) {
+		r.buf = r.buf[:end]
+	}
+	err := r.fill(n)
+	r.buf = full
+	return err
+}
+
+// fill reads until at least n bytes are buffered.
+func (r *reader) fill(n int) error {
+	if r.r == r.w {
+		r.r, r.w = 0, 0
+	}
+	if len(r.buf)-r.r < n {
+		copy(r.buf, r.buf[r.r:r.w])
+		r.w -= r.r
+		r.r = 0
+	}
+	for r.w-r.r < n {
+		k, err := r.src.Read(r.buf[r.w:])
+		r.w += k
+		if err != nil {
+			if r.w-r.r >= n {
+				return nil
+			}
+			if err == io.EOF && r.w-r.r > 0 {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *reader) readFull(dst []byte) error {
+	k := copy(dst, r.buf[r.r:r.w])
+	r.r += k
+	dst = dst[k:]
+	for len(dst) > 0 {
+		if len(dst) >= directRead {
+			_, err := io.ReadFull(r.src, dst)
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		if err := r.fill(1); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		k := copy(dst, r.buf[r.r:r.w])
+		r.r += k
+		dst = dst[k:]
+	}
+	return nil
+}
+
+func (r *reader) discard(n int) error {
+	for n > 0 {
+		if r.r == r.w {
+			if err := r.fill(1); err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return err
+			}
+		}
+		k := min(n, r.w-r.r)
+		r.r += k
+		n -= k
+	}
+	return nil
+}

@@ -1,0 +1,379 @@
+// Package tcp is the nprdma provider that runs RDMA in software over TCP:
+// one TCP connection per queue pair, carrying the frames described in
+// docs/nprdma.md. The responder side of one-sided READ and WRITE (the NIC
+// engine, in package nprdma) runs on the connection's reader goroutine and
+// answers without handing work to another goroutine.
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nprdma/nprdma/nprdma"
+)
+
+// Provider is the tcp provider. Its fault injection methods (Freeze, Thaw,
+// Crash) act on every connection it owns, as if on the process behind it.
+type Provider struct {
+	handshakeTimeout time.Duration
+	readBuffer       int
+
+	mu        sync.Mutex
+	links     map[*link]struct{}
+	listeners map[*listener]struct{}
+	crashed   bool
+	frozen    bool
+	thawed    chan struct{} // closed while not frozen
+	isFrozen  atomic.Bool   // frozen, for the readers' per-frame check
+}
+
+// Option configures a Provider.
+type Option func(*Provider)
+
+// WithHandshakeTimeout bounds the connection handshake (default 10 s; a
+// Dial context with an earlier deadline wins).
+func WithHandshakeTimeout(d time.Duration) Option {
+	return func(p *Provider) { p.handshakeTimeout = d }
+}
+
+// WithReadBufferSize sets each connection's read buffer (default 64 KiB);
+// payloads larger than 32 KiB bypass it.
+func WithReadBufferSize(n int) Option {
+	return func(p *Provider) { p.readBuffer = max(n, 2*maxHeaderLen+nprdma.MaxPrivateData) }
+}
+
+// New returns a tcp provider.
+func New(opts ...Option) *Provider {
+	p := &Provider{
+		handshakeTimeout: 10 * time.Second,
+		readBuffer:       64 << 10,
+		links:            map[*link]struct{}{},
+		listeners:        map[*listener]struct{}{},
+		thawed:           make(chan struct{}),
+	}
+	close(p.thawed)
+	for _, o := range opts {
+		o(p)
+	}
+	return p
+}
+
+// Name implements nprdma.Provider.
+func (p *Provider) Name() string { return "tcp" }
+
+func (p *Provider) addLink(l *link) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.crashed {
+		return false
+	}
+	p.links[l] = struct{}{}
+	return true
+}
+
+func (p *Provider) removeLink(l *link) {
+	p.mu.Lock()
+	delete(p.links, l)
+	p.mu.Unlock()
+}
+
+// Freeze stops reading on every connection of the provider, as if its
+// process were stopped (SIGSTOP): peers see silence, not an error.
+func (p *Provider) Freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.frozen {
+		p.frozen = true
+		p.isFrozen.Store(true)
+		p.thawed = make(chan struct{})
+	}
+}
+
+// Thaw undoes Freeze.
+func (p *Provider) Thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.frozen {
+		p.frozen = false
+		p.isFrozen.Store(false)
+		close(p.thawed)
+	}
+}
+
+// Crash resets every connection and closes every listener of the provider
+// at once, as the death of its process would.
+func (p *Provider) Crash() {
+	p.mu.Lock()
+	p.crashed = true
+	links := make([]*link, 0, len(p.links))
+	for l := range p.links {
+		links = append(links, l)
+	}
+	ls := make([]*listener, 0, len(p.listeners))
+	for l := range p.listeners {
+		ls = append(ls, l)
+	}
+	p.mu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
+	for _, l := range links {
+		l.abort(errCrashed)
+	}
+	p.Thaw()
+}
+
+func (p *Provider) waitThawed(l *link) error {
+	if !p.isFrozen.Load() {
+		return nil
+	}
+	p.mu.Lock()
+	ch := p.thawed
+	p.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	default:
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-l.abortCh:
+		return errAborted
+	}
+}
+
+// handshakeDeadline applies the handshake timeout and ctx to nc, and returns
+// a function that lifts them.
+func (p *Provider) handshakeDeadline(ctx context.Context, nc net.Conn) (stop func() bool) {
+	deadline := time.Now().Add(p.handshakeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	nc.SetDeadline(deadline)
+	cancel := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
+	return func() bool {
+		ok := cancel()
+		nc.SetDeadline(time.Time{})
+		return ok
+	}
+}
+
+// readCM reads one handshake frame of the wanted types.
+func readCM(rd *reader, want ...byte) (cmFrame, error) {
+	for {
+		f, n, err := parseCM(rd.peek(), want...)
+		if err == nil {
+			rd.consume(n)
+			return f, nil
+		}
+		if !errors.Is(err, errShort) {
+			return cmFrame{}, err
+		}
+		if err := rd.fill(rd.buffered() + 1); err != nil {
+			return cmFrame{}, err
+		}
+	}
+}
+
+// Dial implements nprdma.Provider.
+func (p *Provider) Dial(ctx context.Context, addr string, hello nprdma.Hello) (nprdma.Link, nprdma.Hello, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, nprdma.Hello{}, err
+	}
+	nc := c.(*net.TCPConn)
+	nc.SetNoDelay(true)
+	stop := p.handshakeDeadline(ctx, nc)
+	fail := func(err error) (nprdma.Link, nprdma.Hello, error) {
+		stop()
+		nc.Close()
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return nil, nprdma.Hello{}, fmt.Errorf("tcp: handshake with %s: %w", addr, err)
+	}
+	if _, err := nc.Write(appendCM(nil, cmFrame{typ: frameConnect, qpn: hello.QPNum, privateData: hello.PrivateData})); err != nil {
+		return fail(err)
+	}
+	rd := newReader(nc, p.readBuffer)
+	f, err := readCM(rd, frameAccept, frameReject)
+	if err != nil {
+		return fail(err)
+	}
+	if !stop() {
+		nc.Close()
+		return nil, nprdma.Hello{}, fmt.Errorf("tcp: handshake with %s: %w", addr, ctx.Err())
+	}
+	if f.typ == frameReject {
+		nc.Close()
+		return nil, nprdma.Hello{}, &nprdma.RejectError{PrivateData: f.privateData}
+	}
+	l, err := newLink(p, nc, rd)
+	if err != nil {
+		return nil, nprdma.Hello{}, err
+	}
+	return l, nprdma.Hello{QPNum: f.qpn, PrivateData: f.privateData}, nil
+}
+
+// Listen implements nprdma.Provider.
+func (p *Provider) Listen(addr string) (nprdma.LinkListener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	l := &listener{prov: p, ln: ln.(*net.TCPListener), reqs: make(chan *request, 64), done: make(chan struct{}), pending: map[*request]struct{}{}}
+	p.mu.Lock()
+	if p.crashed {
+		p.mu.Unlock()
+		ln.Close()
+		return nil, errCrashed
+	}
+	p.listeners[l] = struct{}{}
+	p.mu.Unlock()
+	go l.acceptLoop()
+	return l, nil
+}
+
+type listener struct {
+	prov      *Provider
+	ln        *net.TCPListener
+	reqs      chan *request
+	done      chan struct{}
+	closeOnce sync.Once
+	mu        sync.Mutex
+	pending   map[*request]struct{} // handshakes not answered yet
+}
+
+func (l *listener) acceptLoop() {
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			select {
+			case <-l.done:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			l.Close()
+			return
+		}
+		go l.handshake(c.(*net.TCPConn))
+	}
+}
+
+func (l *listener) handshake(nc *net.TCPConn) {
+	nc.SetNoDelay(true)
+	nc.SetDeadline(time.Now().Add(l.prov.handshakeTimeout))
+	rd := newReader(nc, l.prov.readBuffer)
+	f, err := readCM(rd, frameConnect)
+	if err != nil {
+		nc.Close()
+		return
+	}
+	nc.SetDeadline(time.Time{})
+	r := &request{l: l, nc: nc, rd: rd, hello: nprdma.Hello{QPNum: f.qpn, PrivateData: f.privateData}}
+	l.mu.Lock()
+	l.pending[r] = struct{}{}
+	l.mu.Unlock()
+	select {
+	case l.reqs <- r:
+	case <-l.done:
+		r.drop()
+	}
+}
+
+func (l *listener) Accept(ctx context.Context) (nprdma.LinkRequest, error) {
+	select {
+	case r := <-l.reqs:
+		return r, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (l *listener) Addr() string { return l.ln.Addr().String() }
+
+// Close stops listening and drops handshakes not answered yet.
+func (l *listener) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.done)
+		l.ln.Close()
+		l.prov.mu.Lock()
+		delete(l.prov.listeners, l)
+		l.prov.mu.Unlock()
+		l.mu.Lock()
+		rs := make([]*request, 0, len(l.pending))
+		for r := range l.pending {
+			rs = append(rs, r)
+		}
+		l.mu.Unlock()
+		for _, r := range rs {
+			r.drop()
+		}
+	})
+	return nil
+}
+
+type request struct {
+	l     *listener
+	nc    *net.TCPConn
+	rd    *reader
+	hello nprdma.Hello
+	once  sync.Once
+}
+
+func (r *request) Hello() nprdma.Hello { return r.hello }
+func (r *request) RemoteAddr() string  { return r.nc.RemoteAddr().String() }
+
+// take marks the request answered; false if it was answered or dropped.
+func (r *request) take() bool {
+	taken := false
+	r.once.Do(func() { taken = true })
+	if taken {
+		r.l.mu.Lock()
+		delete(r.l.pending, r)
+		r.l.mu.Unlock()
+	}
+	return taken
+}
+
+func (r *request) drop() {
+	if r.take() {
+		r.nc.Close()
+	}
+}
+
+func (r *request) Accept(hello nprdma.Hello) (nprdma.Link, error) {
+	if !r.take() {
+		return nil, errors.New("tcp: connection request already answered or dropped")
+	}
+	r.nc.SetWriteDeadline(time.Now().Add(r.l.prov.handshakeTimeout))
+	if _, err := r.nc.Write(appendCM(nil, cmFrame{typ: frameAccept, qpn: hello.QPNum, privateData: hello.PrivateData})); err != nil {
+		r.nc.Close()
+		return nil, err
+	}
+	r.nc.SetWriteDeadline(time.Time{})
+	return newLink(r.l.prov, r.nc, r.rd)
+}
+
+func (r *request) Reject(privateData []byte) error {
+	if !r.take() {
+		return errors.New("tcp: connection request already answered or dropped")
+	}
+	defer r.nc.Close()
+	r.nc.SetWriteDeadline(time.Now().Add(r.l.prov.handshakeTimeout))
+	_, err := r.nc.Write(appendCM(nil, cmFrame{typ: frameReject, privateData: privateData}))
+	return err
+}
