@@ -1,0 +1,5 @@
+//go:build !race
+
+package swapbench
+
+const raceEnabled = false
