@@ -4,13 +4,16 @@
 GO        ?= go
 BIN       := bin
 # Packages with goroutines sharing state: tested under the race detector.
-RACE_PKGS := ./blockdev/... ./swap/... ./nprdma/... ./nvme/... ./target/... ./initiator/...
+RACE_PKGS  := ./blockdev/... ./swap/... ./nprdma/... ./nvme/... ./target/... ./initiator/...
+# The rest: benchmark code (its own quick tests) and the CLIs.
+OTHER_PKGS := ./bench/... ./cmd/...
 # Short fuzz runs in `make test`; `make fuzz FUZZTIME=10m` for a long run.
 FUZZTIME  ?= 10s
 # Tests that take minutes (crash rounds, churn) run their long versions with LONG=1.
 LONG      ?=
 
 export CGO_ENABLED := 1
+SHELL := bash
 
 .PHONY: all deps build test vet fmt-check unit fuzz demo bench clean
 
@@ -30,8 +33,10 @@ fmt-check:
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 unit:
+	@missing=$$(comm -23 <($(GO) list ./... | sort) <($(GO) list $(RACE_PKGS) $(OTHER_PKGS) | sort)); \
+	if [ -n "$$missing" ]; then echo "packages in neither RACE_PKGS nor OTHER_PKGS:"; echo "$$missing"; exit 1; fi
 	$(GO) test -race -count=1 -timeout 15m $(RACE_PKGS)
-	$(GO) test -count=1 -timeout 15m $$($(GO) list ./... | grep -v -E '/(blockdev|swap|nprdma|nvme|target|initiator)(/|$$)')
+	$(GO) test -count=1 -timeout 15m $(OTHER_PKGS)
 
 # Every decoder of bytes from outside has a Fuzz target; each runs briefly.
 fuzz:
