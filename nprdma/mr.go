@@ -58,8 +58,24 @@ type MR struct {
 	pager    Pager
 	pageSize int
 	magic    uint64
+	tag      uint64 // access tag: 0 = any QP of the PD (see WithAccessTag)
 	dead     atomic.Bool
 }
+
+// MROption configures a registration.
+type MROption func(*MR)
+
+// WithAccessTag restricts remote access to the region to queue pairs whose
+// access tag (QP.SetAccessTag) equals tag; 0 (the default) means every queue
+// pair of the PD. A key presented on a queue pair with another tag is refused
+// like an unknown key (a remote access error), so a key disclosed to one peer
+// is useless on another peer's queue pairs even within one PD. Real RNICs get
+// the same effect from a PD (or memory window) per peer; a tag keeps one PD
+// and one registration of the pager per peer, which is O(1) here.
+func WithAccessTag(tag uint64) MROption { return func(mr *MR) { mr.tag = tag } }
+
+// AccessTag is the region's access tag (0: any queue pair of the PD).
+func (mr *MR) AccessTag() uint64 { return mr.tag }
 
 // Addr is the virtual address of the region's first byte, the base of the
 // addresses in SGEs and of remote addresses.
@@ -103,7 +119,7 @@ func (mr *MR) SGE(off, n int) SGE {
 // Register registers buf with the given rights, pinning it with mlock (the
 // baseline: the cost grows with the size, about 3 s per GiB here). buf must
 // stay valid until Deregister and until no queue pair can still access it.
-func (pd *PD) Register(buf []byte, access Access) (*MR, error) {
+func (pd *PD) Register(buf []byte, access Access, opts ...MROption) (*MR, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("nprdma: register: empty buffer")
 	}
@@ -121,6 +137,9 @@ func (pd *PD) Register(buf []byte, access Access) (*MR, error) {
 		access:   access,
 		pinned:   pd.dev.pin,
 		pageSize: osPageSize,
+	}
+	for _, o := range opts {
+		o(mr)
 	}
 	if mr.pinned {
 		if err := unix.Mlock(buf); err != nil {
@@ -144,7 +163,7 @@ func (pd *PD) Register(buf []byte, access Access) (*MR, error) {
 // in SGEs. A READ is served page by page under the pager's seqlock; a page
 // that is absent, busy or changed during the copy is delivered as the magic
 // page (Magic() repeated).
-func (pd *PD) RegisterUnpinned(p Pager, access Access) (*MR, error) {
+func (pd *PD) RegisterUnpinned(p Pager, access Access, opts ...MROption) (*MR, error) {
 	buf := p.Bytes()
 	ps := p.PageSize()
 	if len(buf) == 0 {
@@ -163,6 +182,9 @@ func (pd *PD) RegisterUnpinned(p Pager, access Access) (*MR, error) {
 		access:   access,
 		pager:    p,
 		pageSize: ps,
+	}
+	for _, o := range opts {
+		o(mr)
 	}
 	for mr.magic == 0 {
 		mr.magic = randomUint64()
@@ -361,4 +383,14 @@ func (pd *PD) remoteRegion(rkey uint32, addr uint64, n uint32, need Access) (*MR
 		return nil, 0, false
 	}
 	return mr, int(off), true
+}
+
+// remoteRegion is PD.remoteRegion plus the access tag: a tagged region
+// serves only queue pairs carrying the same tag.
+func (qp *QP) remoteRegion(rkey uint32, addr uint64, n uint32, need Access) (*MR, int, bool) {
+	mr, off, ok := qp.pd.remoteRegion(rkey, addr, n, need)
+	if !ok || (mr.tag != 0 && mr.tag != qp.accessTag.Load()) {
+		return nil, 0, false
+	}
+	return mr, off, true
 }

@@ -73,6 +73,8 @@ type QP struct {
 	rq recvQueue
 	rs responder // owned by the goroutine delivering packets
 
+	accessTag atomic.Uint64 // see SetAccessTag
+
 	lastRx   atomic.Int64 // nanotime of the last packet from the peer
 	timer    *time.Timer  // peer-silence timeout
 	rnrTimer *time.Timer
@@ -217,6 +219,14 @@ func (qp *QP) RemoteNum() uint32 {
 
 // State is the current state.
 func (qp *QP) State() QPState { return QPState(qp.state.Load()) }
+
+// SetAccessTag sets the tag the NIC engine compares with a tagged region's
+// (WithAccessTag) when a peer names its rkey on this queue pair. It may be
+// changed at any time; requests already validated are not affected.
+func (qp *QP) SetAccessTag(tag uint64) { qp.accessTag.Store(tag) }
+
+// AccessTag is the queue pair's access tag (0 unless set).
+func (qp *QP) AccessTag() uint64 { return qp.accessTag.Load() }
 
 // PD is the queue pair's protection domain.
 func (qp *QP) PD() *PD { return qp.pd }

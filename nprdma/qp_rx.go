@@ -163,7 +163,7 @@ func (qp *QP) onWrite(h *Header, p Payload) error {
 	if h.Len > 0 {
 		// The NIC engine's check, before any byte moves. (As in verbs, a
 		// zero-length WRITE names no memory and is not checked.)
-		mr, off, ok := qp.pd.remoteRegion(h.RKey, h.Addr, h.Len, AccessRemoteWrite)
+		mr, off, ok := qp.remoteRegion(h.RKey, h.Addr, h.Len, AccessRemoteWrite)
 		if !ok {
 			qp.dev.ctr.remoteAccessErrors.Add(1)
 			return qp.nak(h, p, NakRemoteAccess, fmt.Errorf("%w: peer's WRITE of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
@@ -200,7 +200,7 @@ func (qp *QP) onReadRequest(h *Header, p Payload) error {
 	var off int
 	if h.Len > 0 {
 		var ok bool
-		mr, off, ok = qp.pd.remoteRegion(h.RKey, h.Addr, h.Len, AccessRemoteRead)
+		mr, off, ok = qp.remoteRegion(h.RKey, h.Addr, h.Len, AccessRemoteRead)
 		if !ok {
 			qp.dev.ctr.remoteAccessErrors.Add(1)
 			return qp.nak(h, p, NakRemoteAccess, fmt.Errorf("%w: peer's READ of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))

@@ -1,12 +1,69 @@
-// Command nprdma-initiator attaches remote namespaces as local block devices.
+// Command nprdma-initiator talks to nprdma targets: it discovers what a
+// target offers this host and attaches remote namespaces as local block
+// devices. See docs/initiator.md.
 package main
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
+
+	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/urfave/cli/v2"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "nprdma-initiator: not built yet (see the issue tracker)")
-	os.Exit(2)
+	if err := newApp().Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "nprdma-initiator:", err)
+		os.Exit(1)
+	}
+}
+
+func newApp() *cli.App {
+	return &cli.App{
+		Name:  "nprdma-initiator",
+		Usage: "discover nprdma targets and attach their namespaces as local block devices",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "hostnqn", Usage: "host NQN to connect as (default: nqn.2014-08.org.nvmexpress:uuid:<host ID from --hostid-file>)"},
+			&cli.StringFlag{Name: "hostid-file", Usage: "file holding this host's ID, created on first use (default: $NPRDMA_STATE_DIR/hostid or ~/.config/nprdma/hostid)"},
+			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP) or loop (in-process; for tests only)"},
+			&cli.StringFlag{Name: "log-level", Value: "warn", Usage: "log level: debug, info, warn, error"},
+		},
+		Commands:        []*cli.Command{discoverCommand(), attachCommand()},
+		HideHelpCommand: true,
+	}
+}
+
+// hostOptions are the initiator options the global flags select.
+func hostOptions(cc *cli.Context) ([]initiator.Option, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(cc.String("log-level"))); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", cc.String("log-level"))
+	}
+	opts := []initiator.Option{initiator.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})))}
+	if f := cc.String("hostid-file"); f != "" {
+		opts = append(opts, initiator.WithStateFile(f))
+	}
+	if n := cc.String("hostnqn"); n != "" {
+		opts = append(opts, initiator.WithHostNQN(n))
+	}
+	return opts, nil
+}
+
+func newDevice(cc *cli.Context) (*nprdma.Device, error) {
+	var p nprdma.Provider
+	switch name := cc.String("provider"); name {
+	case "tcp":
+		p = tcp.New()
+	case "loop":
+		p = loop.New()
+	default:
+		return nil, fmt.Errorf("--provider %q: want tcp or loop", name)
+	}
+	// Pinning the host's data buffers needs CAP_IPC_LOCK or a memlock
+	// limit; the software providers do not need it.
+	return nprdma.NewDevice(p, nprdma.WithName("initiator"), nprdma.WithPinning(false)), nil
 }

@@ -1,12 +1,57 @@
-// Command nprdma-target serves namespaces over the nprdma fabric.
+// Command nprdma-target serves namespaces over the nprdma fabric: each
+// namespace lives in a memory region registered for one-sided remote reads
+// without pinning, as large as the namespace and several times larger than
+// the DRAM the target may use (--memory); cold pages live on the backing
+// device. See docs/target.md.
 package main
 
 import (
 	"fmt"
 	"os"
+
+	"github.com/urfave/cli/v2"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "nprdma-target: not built yet (see the issue tracker)")
-	os.Exit(2)
+	if err := newApp().Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "nprdma-target:", err)
+		os.Exit(1)
+	}
+}
+
+// DefaultNQN names the subsystem when --nqn is not given.
+const DefaultNQN = "nqn.2024-01.io.nprdma:default"
+
+func newApp() *cli.App {
+	return &cli.App{
+		Name:  "nprdma-target",
+		Usage: "serve block devices or files as NVMe namespaces read one-sidedly over the nprdma fabric",
+		Description: "Each namespace is kept in a memory region registered for remote reads WITHOUT pinning, as large\n" +
+			"as the namespace; at most --memory of it is resident in DRAM, the rest lives on the backing device.\n" +
+			"Hosts read with one-sided RDMA READs and fall back to NVMe Read commands for pages that are not\n" +
+			"resident. Without --backing or --config a sparse file of --default-size is created under --data-dir.\n" +
+			"SIGTERM or SIGINT: stop accepting, drain the commands in flight, flush every namespace, exit 0.",
+		Flags: []cli.Flag{
+			&cli.StringSliceFlag{Name: "backing", Usage: "a block device or file to serve, as PATH[,nsid=N][,budget=SIZE] (repeatable: one namespace each, in the subsystem --nqn; budget overrides this namespace's share of --memory)"},
+			&cli.StringFlag{Name: "config", Usage: "JSON file describing several subsystems and namespaces (see docs/target.md); used instead of --backing/--nqn/--allow-host"},
+			&cli.StringFlag{Name: "memory", Value: "1GiB", Usage: "DRAM budget for all namespaces together (units KiB, MiB, GiB, TiB); namespaces without their own budget share it in proportion to their sizes"},
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:4420", Usage: "address to accept connections on (tcp: host:port; loop: a name)"},
+			&cli.StringFlag{Name: "nqn", Value: DefaultNQN, Usage: "NQN of the subsystem that holds the --backing namespaces"},
+			&cli.StringSliceFlag{Name: "allow-host", Usage: "host NQN allowed to connect to the subsystem (repeatable; hosts not listed are refused)"},
+			&cli.BoolFlag{Name: "allow-any-host", Usage: "let every host connect (no access control)"},
+			&cli.StringFlag{Name: "data-dir", Value: "nprdma-data", Usage: "directory for durable metadata (namespace identity, host lists, clean-shutdown marker; never page data) and the default backing file"},
+			&cli.StringFlag{Name: "default-size", Value: "4GiB", Usage: "size of the sparse backing file created under --data-dir when no backing is given"},
+			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9420; empty: off)"},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "log level: debug, info, warn, error"},
+			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP) or loop (in-process; for tests only)"},
+			&cli.BoolFlag{Name: "pin", Usage: "baseline for benchmarks: keep each namespace wholly in DRAM, registered PINNED up front like a conventional RDMA target (needs namespaces that fit --memory); exists for comparison only"},
+			&cli.IntFlag{Name: "gomaxprocs", Value: defaultGOMAXPROCS, Usage: "Go scheduler threads (GOMAXPROCS): the target blocks in backing-device reads (major faults) from goroutines, and each blocked goroutine holds one until the runtime hands it off; 0 keeps the runtime's default"},
+			&cli.IntFlag{Name: "queue-depth", Value: 128, Usage: "largest I/O queue a host may open (entries)"},
+			&cli.DurationFlag{Name: "max-keep-alive", Value: 0, Usage: "cap on the keep-alive timeout hosts ask for (0: 5m0s)"},
+			&cli.DurationFlag{Name: "busy-poll", Usage: "spin up to this long (e.g. 50us) for the next command on each queue before sleeping: saves a thread wake-up per command, costs a CPU while commands flow (0: off)"},
+			&cli.DurationFlag{Name: "shutdown-timeout", Value: 0, Usage: "how long SIGTERM waits for commands in flight before closing anyway (0: 30s)"},
+		},
+		HideHelpCommand: true,
+		Action:          serve,
+	}
 }

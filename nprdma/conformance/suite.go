@@ -30,6 +30,7 @@ func Run(t *testing.T, h Harness) {
 		{"Inline", testInline},
 		{"LocalErrors", testLocalErrors},
 		{"RemoteAccessErrors", testRemoteAccessErrors},
+		{"AccessTag", testAccessTag},
 		{"SendTooLong", testSendTooLong},
 		{"RNRRetryExceeded", testRNRRetryExceeded},
 		{"RNRGoBackN", testRNRGoBackN},
@@ -483,6 +484,55 @@ func testRemoteAccessErrors(t *testing.T, h Harness) {
 				t.Fatalf("remote access errors counted %d, want 1", got)
 			}
 			sameBytes(t, "read-only region", robuf, roBefore)
+		})
+	}
+}
+
+// testAccessTag: a region registered WithAccessTag serves READs only on
+// queue pairs carrying that tag; on any other queue pair of the same PD its
+// rkey is refused like a wrong key (and, as for every remote access error,
+// both queue pairs fail).
+func testAccessTag(t *testing.T, h Harness) {
+	for _, tc := range []struct {
+		name   string
+		qpTag  uint64
+		wantOK bool
+	}{
+		{"SameTag", 7, true},
+		{"UntaggedQP", 0, false},
+		{"OtherTag", 8, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cli, srv := connect(t, h, pairConfig{})
+			srv.qp.SetAccessTag(tc.qpTag)
+			if got := srv.qp.AccessTag(); got != tc.qpTag {
+				t.Fatalf("AccessTag() = %d, want %d", got, tc.qpTag)
+			}
+			buf := make([]byte, 4096)
+			copy(buf, "tagged region")
+			mr, err := srv.pd.Register(buf, nprdma.AccessRemoteRead, nprdma.WithAccessTag(7))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { mr.Deregister() })
+			if mr.AccessTag() != 7 {
+				t.Fatalf("MR.AccessTag() = %d, want 7", mr.AccessTag())
+			}
+			lmr, lbuf := cli.region(t, 4096, rw)
+			before := srv.dev.Stats().RemoteAccessErrors
+			post(t, cli.qp, nprdma.SendWR{ID: 1, Op: nprdma.OpRead, SG: []nprdma.SGE{lmr.SGE(0, 64)},
+				RemoteAddr: mr.Addr(), RKey: mr.RKey(), Signaled: true})
+			if tc.wantOK {
+				one(t, cli.scq, 1, nprdma.OpRead, nprdma.StatusSuccess)
+				sameBytes(t, "tagged read", lbuf[:64], buf[:64])
+				return
+			}
+			one(t, cli.scq, 1, nprdma.OpRead, nprdma.StatusRemoteAccess)
+			expectErr(t, cli.qp, nprdma.ErrRemoteAccess)
+			expectErr(t, srv.qp, nprdma.ErrRemoteAccess)
+			if got := srv.dev.Stats().RemoteAccessErrors - before; got != 1 {
+				t.Fatalf("remote access errors counted %d, want 1", got)
+			}
 		})
 	}
 }

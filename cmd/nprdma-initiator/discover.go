@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nvme"
+	"github.com/urfave/cli/v2"
+)
+
+func discoverCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "discover",
+		Usage: "list the subsystems and namespaces a target offers this host",
+		Description: "Connects to the target's discovery controller, reads the Discovery log page (the subsystems\n" +
+			"this host may access), then connects to each subsystem to list its namespaces.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address (tcp: host:port, e.g. 127.0.0.1:4420)"},
+			&cli.BoolFlag{Name: "json", Usage: "print JSON instead of a table"},
+			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "give up after this long"},
+		},
+		Action: discover,
+	}
+}
+
+// Discovery is what discover prints (--json).
+type Discovery struct {
+	Target     string                `json:"target"`
+	HostNQN    string                `json:"host_nqn"`
+	Subsystems []DiscoveredSubsystem `json:"subsystems"`
+}
+
+// DiscoveredSubsystem is one subsystem of the discovery log.
+type DiscoveredSubsystem struct {
+	NQN        string                `json:"nqn"`
+	Transport  string                `json:"transport"`
+	Address    string                `json:"address"`
+	Service    string                `json:"service,omitempty"`
+	Namespaces []DiscoveredNamespace `json:"namespaces"`
+	Error      string                `json:"error,omitempty"`
+}
+
+// DiscoveredNamespace is one namespace of a subsystem.
+type DiscoveredNamespace struct {
+	NSID      uint32 `json:"nsid"`
+	Size      int64  `json:"size_bytes"`
+	BlockSize int    `json:"block_size"`
+	NGUID     string `json:"nguid"`
+	UUID      string `json:"uuid,omitempty"`
+	OneSided  bool   `json:"one_sided_reads"`
+}
+
+func transportName(t uint8) string {
+	switch t {
+	case nvme.TransportRDMA:
+		return "rdma"
+	case nvme.TransportTCP:
+		return "tcp"
+	case nvme.TransportLoop:
+		return "loop"
+	}
+	return fmt.Sprintf("trtype-%d", t)
+}
+
+func discover(cc *cli.Context) error {
+	opts, err := hostOptions(cc)
+	if err != nil {
+		return err
+	}
+	dev, err := newDevice(cc)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), cc.Duration("timeout"))
+	defer cancel()
+	addr := cc.String("target")
+	log, err := initiator.Discover(ctx, dev, addr, opts...)
+	if err != nil {
+		return err
+	}
+	host, err := initiator.HostNQN(opts...)
+	if err != nil {
+		return err
+	}
+	out := Discovery{Target: addr, HostNQN: host, Subsystems: []DiscoveredSubsystem{}}
+	for _, e := range log.Entries {
+		s := DiscoveredSubsystem{NQN: e.SubNQN, Transport: transportName(e.TRTYPE), Address: e.TRADDR, Service: e.TRSVCID,
+			Namespaces: []DiscoveredNamespace{}}
+		// The discovery log carries the target's own idea of its address
+		// (it may listen on a wildcard); connect where discovery worked.
+		if err := listNamespaces(ctx, dev, addr, &s, opts); err != nil {
+			s.Error = err.Error()
+		}
+		out.Subsystems = append(out.Subsystems, s)
+	}
+	if cc.Bool("json") {
+		enc := json.NewEncoder(cc.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	printDiscovery(cc.App.Writer, out)
+	return nil
+}
+
+func listNamespaces(ctx context.Context, dev *nprdma.Device, addr string, s *DiscoveredSubsystem, opts []initiator.Option) error {
+	c, err := initiator.Connect(ctx, dev, addr, s.NQN, append(opts, initiator.WithIOQueues(1), initiator.WithQueueDepth(4))...)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ids, err := c.NamespaceIDs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		n, err := c.Namespace(ctx, id)
+		if err != nil {
+			return err
+		}
+		desc, err := n.RegionDescriptor(ctx)
+		if err != nil {
+			return err
+		}
+		g := n.NGUID()
+		ns := DiscoveredNamespace{NSID: id, Size: n.Size(), BlockSize: n.BlockSize(), NGUID: fmt.Sprintf("%x", g[:]), OneSided: desc != nil}
+		if u := n.UUID(); u != (nvme.UUID{}) {
+			ns.UUID = u.String()
+		}
+		s.Namespaces = append(s.Namespaces, ns)
+	}
+	return nil
+}
+
+func printDiscovery(w io.Writer, d Discovery) {
+	fmt.Fprintf(w, "target %s, host %s: %d subsystem(s)\n", d.Target, d.HostNQN, len(d.Subsystems))
+	for _, s := range d.Subsystems {
+		addr := s.Address
+		if s.Service != "" {
+			addr += ":" + s.Service
+		}
+		fmt.Fprintf(w, "\nsubsystem %s (%s %s)\n", s.NQN, s.Transport, addr)
+		if s.Error != "" {
+			fmt.Fprintf(w, "  error: %s\n", s.Error)
+			continue
+		}
+		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  NSID\tSIZE\tBLOCK\tNGUID\tONE-SIDED")
+		for _, n := range s.Namespaces {
+			fmt.Fprintf(tw, "  %d\t%s\t%d\t%s\t%v\n", n.NSID, humanSize(n.Size), n.BlockSize, n.NGUID, n.OneSided)
+		}
+		tw.Flush()
+	}
+}
+
+func humanSize(n int64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	f := float64(n)
+	i := 0
+	for f >= 1024 && i < len(units)-1 {
+		f /= 1024
+		i++
+	}
+	return strings.TrimSuffix(strings.TrimSuffix(fmt.Sprintf("%.1f", f), "0"), ".") + " " + units[i]
+}

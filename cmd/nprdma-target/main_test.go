@@ -1,0 +1,387 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/tcp"
+)
+
+// The tests run the real command as a child process: the test binary
+// re-executes itself with this variable set and runs main.
+const runMainEnv = "NPRDMA_TARGET_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func TestHelpDocumentsEveryFlag(t *testing.T) {
+	app := newApp()
+	var out bytes.Buffer
+	app.Writer = &out
+	if err := app.Run([]string{"nprdma-target", "--help"}); err != nil {
+		t.Fatal(err)
+	}
+	help := out.String()
+	for _, f := range app.Flags {
+		for _, name := range f.Names() {
+			if name == "help" || name == "h" {
+				continue
+			}
+			if !strings.Contains(help, "--"+name) {
+				t.Errorf("--help does not mention --%s", name)
+			}
+		}
+	}
+	for _, want := range []string{"GiB", "default: \"1GiB\"", "127.0.0.1:4420", "comparison", "SIGTERM"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("--help does not say %q", want)
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"4096": 4096, "1GiB": 1 << 30, "512MiB": 512 << 20, "1.5G": 3 << 29, "2KB": 2000, "0": 0, " 8 MiB ": 8 << 20} {
+		got, err := parseSize(in)
+		if err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "GiB", "-1MiB", "12XB", "1e30GiB"} {
+		if _, err := parseSize(bad); err == nil {
+			t.Errorf("parseSize(%q) accepted", bad)
+		}
+	}
+}
+
+func TestParseBacking(t *testing.T) {
+	ns, err := parseBacking("/dev/x,nsid=7,budget=64MiB")
+	if err != nil || ns.Backing != "/dev/x" || ns.NSID != 7 || ns.budget != 64<<20 {
+		t.Fatalf("parseBacking: %+v %v", ns, err)
+	}
+	for _, bad := range []string{",nsid=1", "/x,nsid=0", "/x,nsid=abc", "/x,color=red", "/x,budget"} {
+		if _, err := parseBacking(bad); err == nil {
+			t.Errorf("parseBacking(%q) accepted", bad)
+		}
+	}
+}
+
+func TestSplitBudget(t *testing.T) {
+	got, err := splitBudget(100<<20, []int64{300 << 20, 100 << 20, 1 << 30}, []int64{0, 0, 20 << 20}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 20 MiB fixed; 80 MiB split 3:1.
+	if got[0] != 60<<20 || got[1] != 20<<20 || got[2] != 20<<20 {
+		t.Fatalf("split %v", got)
+	}
+	if _, err := splitBudget(10<<20, []int64{1 << 30}, []int64{20 << 20}, false); err == nil {
+		t.Fatal("budgets beyond --memory accepted")
+	}
+	if _, err := splitBudget(10<<20, []int64{1 << 30}, []int64{0}, true); err == nil {
+		t.Fatal("--pin with a namespace larger than --memory accepted")
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.json")
+	os.WriteFile(good, []byte(`{"subsystems":[{"nqn":"nqn.2024-01.io.nprdma:a","allow_hosts":["nqn.2024-01.io.nprdma:h"],
+		"namespaces":[{"nsid":1,"backing":"/a"},{"backing":"/b","budget":"1GiB"}]}]}`), 0o644)
+	c, err := loadConfig(good)
+	if err != nil || len(c.Subsystems) != 1 || len(c.Subsystems[0].Namespaces) != 2 || c.Subsystems[0].Namespaces[1].budget != 1<<30 {
+		t.Fatalf("loadConfig: %+v %v", c, err)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	os.WriteFile(bad, []byte(`{"subsystems":[{"nqn":"x","namespaces":[{"nsid":1}]}]}`), 0o644)
+	if _, err := loadConfig(bad); err == nil {
+		t.Fatal("namespace without backing accepted")
+	}
+	os.WriteFile(bad, []byte(`{"subsystems":[],"color":1}`), 0o644)
+	if _, err := loadConfig(bad); err == nil {
+		t.Fatal("unknown field accepted")
+	}
+}
+
+// targetProc is the command running as a child process.
+type targetProc struct {
+	cmd    *exec.Cmd
+	addr   string
+	banner string
+	mu     sync.Mutex
+	log    bytes.Buffer
+	done   chan error
+}
+
+func startTargetProc(t *testing.T, args ...string) *targetProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &targetProc{cmd: cmd, done: make(chan error, 1)}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			l := sc.Text()
+			p.mu.Lock()
+			p.log.WriteString(l + "\n")
+			if strings.Contains(l, "nprdma-target: serving") {
+				p.banner = l
+			}
+			if i := strings.Index(l, "discover --target "); i >= 0 && p.addr == "" {
+				p.addr = strings.TrimSpace(l[i+len("discover --target "):])
+				close(ready)
+			}
+			p.mu.Unlock()
+		}
+		p.done <- cmd.Wait()
+	}()
+	select {
+	case <-ready:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p
+	case err := <-p.done:
+		p.done <- err
+		t.Fatalf("target exited before serving (%v):\n%s", err, p.output())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("target did not start:\n%s", p.output())
+	}
+	return nil
+}
+
+func (p *targetProc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *targetProc) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case <-time.After(60 * time.Second):
+		t.Fatalf("target did not exit:\n%s", p.output())
+		return -1
+	}
+}
+
+const testNQN = "nqn.2024-01.io.nprdma:proc"
+
+func connectNS(t *testing.T, addr string) (*initiator.Controller, *initiator.Namespace, func()) {
+	t.Helper()
+	dev := nprdma.NewDevice(tcp.New(), nprdma.WithPinning(false))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := initiator.Connect(ctx, dev, addr, testNQN, initiator.WithIOQueues(2),
+		initiator.WithStateFile(filepath.Join(t.TempDir(), "hostid")),
+		initiator.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))),
+		initiator.WithControllerLossTimeout(time.Second), initiator.WithQPTimeout(time.Second))
+	if err != nil {
+		dev.Close()
+		t.Fatal(err)
+	}
+	n, err := c.Namespace(ctx, 1)
+	if err != nil {
+		c.Close()
+		dev.Close()
+		t.Fatal(err)
+	}
+	return c, n, func() { c.Close(); dev.Close() }
+}
+
+func fill(p []byte, off int64, seed uint64) {
+	for i := 0; i < len(p); i += 8 {
+		binary.LittleEndian.PutUint64(p[i:], uint64(off+int64(i))*2654435761^seed)
+	}
+}
+
+func targetArgs(dir string) []string {
+	return []string{"--backing", filepath.Join(dir, "disk.img"), "--memory", "4MiB", "--listen", "127.0.0.1:0",
+		"--nqn", testNQN, "--allow-any-host", "--data-dir", filepath.Join(dir, "data"), "--log-level", "warn"}
+}
+
+func makeBacking(t *testing.T, dir string, size int64) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "disk.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+}
+
+// TestSIGTERMDrainsFlushesAndExitsZero: unflushed writes acknowledged before
+// SIGTERM are on the backing file after the process exits 0, and the next
+// start finds the shutdown clean.
+func TestSIGTERMDrainsFlushesAndExitsZero(t *testing.T) {
+	dir := t.TempDir()
+	makeBacking(t, dir, 16<<20)
+	p := startTargetProc(t, targetArgs(dir)...)
+	_, n, done := connectNS(t, p.addr)
+	data := make([]byte, 1<<20)
+	fill(data, 4<<20, 1)
+	if _, err := n.WriteAt(data, 4<<20); err != nil { // no flush: volatile
+		t.Fatal(err)
+	}
+	// SIGTERM with the host still connected (its own disconnect would make
+	// the controller flush): the target's shutdown must flush by itself.
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	code := p.wait(t)
+	done()
+	if code != 0 {
+		t.Fatalf("exit code %d after SIGTERM:\n%s", code, p.output())
+	}
+	f, err := os.ReadFile(filepath.Join(dir, "disk.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(f[4<<20:5<<20], data) {
+		t.Fatal("writes acknowledged before SIGTERM are not on the backing file")
+	}
+	p2 := startTargetProc(t, targetArgs(dir)...)
+	if !strings.Contains(p2.banner, "previous shutdown clean: true") {
+		t.Fatalf("restart after SIGTERM: %q", p2.banner)
+	}
+	p2.cmd.Process.Signal(syscall.SIGINT)
+	if code := p2.wait(t); code != 0 {
+		t.Fatalf("exit code %d after SIGINT", code)
+	}
+}
+
+// TestRestartAfterSIGKILLKeepsFlushedData: everything flushed before a
+// SIGKILL reads back after a restart on the same backing and data dir, and
+// the namespace keeps its NGUID.
+func TestRestartAfterSIGKILLKeepsFlushedData(t *testing.T) {
+	dir := t.TempDir()
+	const size = 16 << 20
+	makeBacking(t, dir, size)
+	p := startTargetProc(t, targetArgs(dir)...)
+	_, n, done := connectNS(t, p.addr)
+	nguid := n.NGUID()
+	data := make([]byte, size)
+	fill(data, 0, 7)
+	// Four times the 4 MiB budget: most of it is written back by eviction,
+	// the rest by the flush.
+	for off := 0; off < size; off += 1 << 20 {
+		if _, err := n.WriteAt(data[off:off+1<<20], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	done()
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.wait(t)
+
+	p2 := startTargetProc(t, targetArgs(dir)...)
+	if !strings.Contains(p2.banner, "previous shutdown clean: false") {
+		t.Fatalf("restart after SIGKILL: %q", p2.banner)
+	}
+	_, n2, done2 := connectNS(t, p2.addr)
+	defer done2()
+	if n2.NGUID() != nguid {
+		t.Fatalf("NGUID changed across the restart: %x -> %x", nguid, n2.NGUID())
+	}
+	got := make([]byte, size)
+	for off := 0; off < size; off += 1 << 20 {
+		if _, err := n2.ReadAt(got[off:off+1<<20], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("flushed data lost across SIGKILL and restart")
+	}
+}
+
+// TestMetricsEndpoint scrapes --metrics-addr after some I/O: the target's,
+// the swap observer's and the fabric's series are there and moved.
+func TestMetricsEndpoint(t *testing.T) {
+	dir := t.TempDir()
+	makeBacking(t, dir, 8<<20)
+	args := append(targetArgs(dir), "--metrics-addr", "127.0.0.1:0", "--log-level", "info")
+	p := startTargetProc(t, args...)
+	out := p.output()
+	i := strings.Index(out, "url=http://")
+	if i < 0 {
+		t.Fatalf("no metrics url logged:\n%s", out)
+	}
+	url := strings.Fields(out[i+len("url="):])[0]
+	_, n, done := connectNS(t, p.addr)
+	defer done()
+	if _, err := n.WriteAt(make([]byte, 64<<10), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.ReadAt(make([]byte, 64<<10), 0); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	for _, want := range []string{
+		`nprdma_target_commands_total{opcode="write",status="success"}`,
+		`nprdma_target_controllers 1`,
+		`nprdma_target_connections 3`,
+		`nprdma_target_command_latency_seconds_bucket{opcode="identify"`,
+		`nprdma_swap_`,
+		`nprdma_fabric_one_sided_reads_total{device="target"}`,
+		`go_goroutines`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}

@@ -1,0 +1,284 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nprdma/nprdma/blockdev"
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/target"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v2"
+)
+
+// defaultGOMAXPROCS: see docs/target.md ("GOMAXPROCS"). Goroutines blocked
+// in pread of the backing device hold their P until sysmon hands it off, so
+// with GOMAXPROCS = #CPU a burst of major faults starves the data path;
+// more Ps than CPUs cost nothing while they are idle.
+const defaultGOMAXPROCS = 32
+
+func serve(cc *cli.Context) error {
+	// Catch the signals before anything is served: a SIGTERM that arrives
+	// during start-up must still end in a clean shutdown.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if n := cc.Int("gomaxprocs"); n > 0 {
+		runtime.GOMAXPROCS(n)
+	}
+	log, err := newLogger(cc.String("log-level"))
+	if err != nil {
+		return err
+	}
+	prov, err := newProvider(cc.String("provider"))
+	if err != nil {
+		return err
+	}
+	memory, err := parseSize(cc.String("memory"))
+	if err != nil {
+		return fmt.Errorf("--memory: %w", err)
+	}
+	subs, err := subsystemsFromFlags(cc)
+	if err != nil {
+		return err
+	}
+	dataDir := cc.String("data-dir")
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("--data-dir: %w", err)
+	}
+	if len(subs) == 0 {
+		// The embedded default: a sparse file under the data directory.
+		size, err := parseSize(cc.String("default-size"))
+		if err != nil {
+			return fmt.Errorf("--default-size: %w", err)
+		}
+		path := filepath.Join(dataDir, "default.img")
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			if err := blockdev.Create(path, size); err != nil {
+				return err
+			}
+			log.Info("created the default backing file", "path", path, "size", formatSize(size))
+		}
+		subs = []subsystemSpec{{NQN: cc.String("nqn"), AllowHosts: cc.StringSlice("allow-host"),
+			AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: []namespaceSpec{{NSID: 1, Backing: path}}}}
+	}
+
+	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.String("listen")),
+		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
+		target.WithQueueDepth(cc.Int("queue-depth")), target.WithPinnedNamespaces(cc.Bool("pin"))}
+	if d := cc.Duration("busy-poll"); d > 0 {
+		opts = append(opts, target.WithBusyPoll(d))
+	}
+	if d := cc.Duration("max-keep-alive"); d > 0 {
+		opts = append(opts, target.WithKeepAliveTimeout(d))
+	}
+	var reg *prometheus.Registry
+	if cc.String("metrics-addr") != "" {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		opts = append(opts, target.WithMetrics(reg))
+	}
+
+	// Open every backing first: the budget split needs their sizes.
+	type opened struct {
+		sub  int
+		spec namespaceSpec
+		dev  blockdev.Device
+	}
+	var devs []opened
+	closeAll := func() {
+		for _, o := range devs {
+			o.dev.Close()
+		}
+	}
+	for i, s := range subs {
+		for _, ns := range s.Namespaces {
+			dev, err := blockdev.Open(ns.Backing, blockdev.WithLogger(log))
+			if err != nil {
+				closeAll()
+				return fmt.Errorf("backing %s: %w", ns.Backing, err)
+			}
+			devs = append(devs, opened{i, ns, dev})
+		}
+	}
+	var sizes, fixed []int64
+	for _, o := range devs {
+		sizes = append(sizes, o.dev.Size())
+		fixed = append(fixed, o.spec.budget)
+	}
+	budgets, err := splitBudget(memory, sizes, fixed, cc.Bool("pin"))
+	if err != nil {
+		closeAll()
+		return err
+	}
+
+	tg, err := target.New(opts...)
+	if err != nil {
+		closeAll()
+		return err
+	}
+	var summary []string
+	handed := 0
+	for i, s := range subs {
+		sub, err := tg.AddSubsystem(target.SubsystemConfig{NQN: s.NQN, AllowHosts: s.AllowHosts, AllowAnyHost: s.AllowAnyHost})
+		if err != nil {
+			tg.Close()
+			closeAll()
+			return err
+		}
+		for j, o := range devs {
+			if o.sub != i {
+				continue
+			}
+			n, err := sub.AddNamespace(target.NamespaceConfig{NSID: o.spec.NSID, Backing: o.dev, Budget: budgets[j]})
+			handed++
+			if err != nil {
+				tg.Close()
+				for _, rest := range devs[handed:] {
+					rest.dev.Close()
+				}
+				return err
+			}
+			summary = append(summary, fmt.Sprintf("%s ns %d = %s (%s, DRAM %s)", s.NQN, n.NSID(), o.spec.Backing, formatSize(n.Size()), formatSize(budgets[j])))
+		}
+		if !s.AllowAnyHost && len(sub.Hosts()) == 0 {
+			log.Warn("no host may connect to this subsystem: add --allow-host NQN or --allow-any-host", "subsystem", s.NQN)
+		}
+	}
+	if err := tg.Start(); err != nil {
+		tg.Close()
+		return err
+	}
+	var metricsSrv *http.Server
+	if reg != nil {
+		ln, err := net.Listen("tcp", cc.String("metrics-addr"))
+		if err != nil {
+			tg.Close()
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		metricsSrv = &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
+		go metricsSrv.Serve(ln)
+		log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	}
+	mode := "unpinned (NP-RDMA)"
+	if cc.Bool("pin") {
+		mode = "PINNED baseline"
+	}
+	fmt.Fprintf(os.Stderr, "nprdma-target: serving %s over %s on %s, regions %s, previous shutdown clean: %v\n"+
+		"nprdma-target: connect with: nprdma-initiator discover --target %s\n",
+		strings.Join(summary, "; "), prov.Name(), tg.Addr(), mode, tg.PreviousShutdownClean(), tg.Addr())
+
+	<-ctx.Done()
+	stop()
+	timeout := cc.Duration("shutdown-timeout")
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	log.Info("shutting down: draining and flushing", "timeout", timeout)
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if metricsSrv != nil {
+		metricsSrv.Shutdown(sctx)
+	}
+	if err := tg.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	log.Info("shut down cleanly")
+	return nil
+}
+
+// subsystemsFromFlags reads --config, or --backing with --nqn and the host
+// flags; no subsystem at all means the embedded default.
+func subsystemsFromFlags(cc *cli.Context) ([]subsystemSpec, error) {
+	if path := cc.String("config"); path != "" {
+		if len(cc.StringSlice("backing")) > 0 {
+			return nil, fmt.Errorf("--config and --backing exclude each other")
+		}
+		c, err := loadConfig(path)
+		if err != nil {
+			return nil, err
+		}
+		return c.Subsystems, nil
+	}
+	var nss []namespaceSpec
+	for _, b := range cc.StringSlice("backing") {
+		ns, err := parseBacking(b)
+		if err != nil {
+			return nil, err
+		}
+		nss = append(nss, ns)
+	}
+	if len(nss) == 0 {
+		return nil, nil
+	}
+	return []subsystemSpec{{NQN: cc.String("nqn"), AllowHosts: cc.StringSlice("allow-host"),
+		AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: nss}}, nil
+}
+
+// splitBudget gives each namespace without a budget of its own a share of
+// memory (what the explicit budgets leave) in proportion to its size. In
+// the pinned baseline every namespace takes its whole size, and they must
+// fit.
+func splitBudget(memory int64, sizes, fixed []int64, pinned bool) ([]int64, error) {
+	out := make([]int64, len(sizes))
+	var fixedSum, freeSizes int64
+	for i, s := range sizes {
+		if pinned {
+			out[i] = s
+			fixedSum += s
+			continue
+		}
+		if fixed[i] > 0 {
+			out[i] = fixed[i]
+			fixedSum += fixed[i]
+		} else {
+			freeSizes += s
+		}
+	}
+	if fixedSum > memory {
+		if pinned {
+			return nil, fmt.Errorf("--pin: the namespaces need %s of DRAM, --memory is %s", formatSize(fixedSum), formatSize(memory))
+		}
+		return nil, fmt.Errorf("namespace budgets add up to %s, more than --memory %s", formatSize(fixedSum), formatSize(memory))
+	}
+	left := memory - fixedSum
+	for i, s := range sizes {
+		if out[i] == 0 && freeSizes > 0 {
+			share := int64(float64(left) * float64(s) / float64(freeSizes))
+			out[i] = max(share/4096*4096, 16*4096)
+		}
+	}
+	return out, nil
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+func newProvider(name string) (nprdma.Provider, error) {
+	switch name {
+	case "tcp":
+		return tcp.New(), nil
+	case "loop":
+		return loop.New(), nil
+	}
+	return nil, fmt.Errorf("--provider %q: want tcp or loop", name)
+}

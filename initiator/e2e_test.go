@@ -1,0 +1,756 @@
+package initiator
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nprdma/nprdma/blockdev"
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/nvme"
+	"github.com/nprdma/nprdma/nvme/fabric"
+	"github.com/nprdma/nprdma/target"
+)
+
+const testSubNQN = "nqn.2026-11.io.nprdma:test"
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// fabricKind gives the two sides of a test their providers.
+type fabricKind struct {
+	name   string
+	new    func() (srv, cli nprdma.Provider)
+	listen string
+}
+
+var kinds = []fabricKind{
+	{"loop", func() (nprdma.Provider, nprdma.Provider) {
+		f := loop.NewFabric()
+		return loop.New(loop.WithFabric(f)), loop.New(loop.WithFabric(f))
+	}, "ns-test"},
+	{"tcp", func() (nprdma.Provider, nprdma.Provider) { return tcp.New(), tcp.New() }, "127.0.0.1:0"},
+}
+
+type targetSpec struct {
+	prov       nprdma.Provider
+	listen     string
+	dir        string // backing file and data dir live here
+	size       int64
+	budget     int64
+	hosts      []string
+	allowAny   bool
+	kato       time.Duration
+	targetOpts []target.Option
+}
+
+// startTarget runs an in-process target over a backing file in spec.dir.
+func startTarget(t *testing.T, spec targetSpec) *target.Target {
+	t.Helper()
+	tg, err := startTargetE(t, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tg
+}
+
+func startTargetE(t *testing.T, spec targetSpec) (*target.Target, error) {
+	t.Helper()
+	backing := filepath.Join(spec.dir, "backing.img")
+	if _, err := os.Stat(backing); err != nil {
+		if err := blockdev.Create(backing, spec.size); err != nil {
+			return nil, err
+		}
+	}
+	opts := append([]target.Option{target.WithProvider(spec.prov), target.WithListen(spec.listen),
+		target.WithDataDir(filepath.Join(spec.dir, "meta")), target.WithLogger(quiet)}, spec.targetOpts...)
+	if spec.kato > 0 {
+		opts = append(opts, target.WithKeepAliveTimeout(spec.kato))
+	}
+	tg, err := target.New(opts...)
+	if err != nil {
+		return nil, err
+	}
+	sub, err := tg.AddSubsystem(target.SubsystemConfig{NQN: testSubNQN, AllowHosts: spec.hosts, AllowAnyHost: spec.allowAny})
+	if err != nil {
+		tg.Close()
+		return nil, err
+	}
+	dev, err := blockdev.Open(backing)
+	if err != nil {
+		tg.Close()
+		return nil, err
+	}
+	if _, err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backing: dev, Budget: spec.budget}); err != nil {
+		dev.Close()
+		tg.Close()
+		return nil, err
+	}
+	if err := tg.Start(); err != nil {
+		tg.Close()
+		return nil, err
+	}
+	return tg, nil
+}
+
+type rig struct {
+	srvProv, cliProv nprdma.Provider
+	tg               *target.Target
+	dev              *nprdma.Device
+	spec             targetSpec
+}
+
+func newRig(t *testing.T, k fabricKind, spec targetSpec) *rig {
+	t.Helper()
+	sp, cp := k.new()
+	spec.prov, spec.listen = sp, k.listen
+	if spec.dir == "" {
+		spec.dir = t.TempDir()
+	}
+	if spec.size == 0 {
+		spec.size = 16 << 20
+	}
+	r := &rig{srvProv: sp, cliProv: cp, spec: spec}
+	r.tg = startTarget(t, spec)
+	r.dev = nprdma.NewDevice(cp, nprdma.WithName("initiator"), nprdma.WithPinning(false))
+	t.Cleanup(func() {
+		r.tg.Close()
+		r.dev.Close()
+	})
+	return r
+}
+
+func (r *rig) connect(t *testing.T, opts ...Option) *Controller {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	opts = append([]Option{WithStateFile(filepath.Join(t.TempDir(), "hostid")), WithLogger(quiet), WithIOQueues(2)}, opts...)
+	c, err := Connect(ctx, r.dev, r.tg.Addr(), testSubNQN, opts...)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func namespace(t *testing.T, c *Controller) *Namespace {
+	t.Helper()
+	n, err := c.Namespace(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// pattern fills p with the seeded content of the bytes at off.
+func pattern(p []byte, off int64, seed uint64) {
+	for i := 0; i < len(p); i += 8 {
+		binary.LittleEndian.PutUint64(p[i:], (uint64(off+int64(i))/8+1)*0x9e3779b97f4a7c15^seed)
+	}
+}
+
+func writePattern(t *testing.T, n *Namespace, seed uint64, chunk int) {
+	t.Helper()
+	buf := make([]byte, chunk)
+	for off := int64(0); off < n.Size(); off += int64(chunk) {
+		k := min(int64(chunk), n.Size()-off)
+		pattern(buf[:k], off, seed)
+		if _, err := n.WriteAt(buf[:k], off); err != nil {
+			t.Fatalf("write [%d, +%d): %v", off, k, err)
+		}
+	}
+}
+
+func verifyRange(t *testing.T, n *Namespace, off, length int64, seed uint64) {
+	t.Helper()
+	got := make([]byte, length)
+	if _, err := n.ReadAt(got, off); err != nil {
+		t.Fatalf("read [%d, +%d): %v", off, length, err)
+	}
+	want := make([]byte, length)
+	pattern(want, off, seed)
+	if !bytes.Equal(got, want) {
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("read [%d, +%d): first difference at byte %d (page %d)", off, length, off+int64(i), (off+int64(i))/BlockSize)
+			}
+		}
+	}
+}
+
+// TestEndToEnd is the acceptance test: a namespace four times the target's
+// DRAM budget is written with a seeded pattern, flushed, read back whole;
+// a hot set is then read almost entirely one-sided, and a cold phase
+// resolves faults and still verifies.
+func TestEndToEnd(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			const size, budget = 32 << 20, 8 << 20
+			r := newRig(t, k, targetSpec{size: size, budget: budget, allowAny: true})
+			c := r.connect(t)
+			n := namespace(t, c)
+			if n.Size() != size || n.BlockSize() != BlockSize {
+				t.Fatalf("namespace size %d block %d", n.Size(), n.BlockSize())
+			}
+			const seed = 0x5eed
+			writePattern(t, n, seed, 1<<20)
+			if err := n.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			for off := int64(0); off < size; off += 1 << 20 {
+				verifyRange(t, n, off, 1<<20, seed)
+			}
+			full := c.Stats()
+			if full.FallbackPages == 0 || full.MajorResolved == 0 {
+				t.Fatalf("whole-namespace read over a quarter budget resolved no faults: %+v", full)
+			}
+
+			// Hot phase: a 2 MiB hot set, warmed once, then random reads.
+			rng := rand.New(rand.NewPCG(1, 2))
+			const hotOff, hotLen = 8 << 20, 2 << 20
+			verifyRange(t, n, hotOff, hotLen, seed)
+			before := c.Stats()
+			for i := 0; i < 400; i++ {
+				blocks := int64(1 + rng.IntN(8))
+				off := hotOff + rng.Int64N(hotLen/BlockSize-blocks+1)*BlockSize
+				verifyRange(t, n, off, blocks*BlockSize, seed)
+			}
+			hot := c.Stats()
+			reads := hot.Reads - before.Reads
+			oneSided := hot.ReadsOneSided - before.ReadsOneSided
+			share := float64(oneSided) / float64(reads)
+			t.Logf("hot phase: %d of %d reads one-sided (%.1f%%)", oneSided, reads, 100*share)
+			if share < 0.95 {
+				t.Fatalf("hot phase: one-sided share %.3f < 0.95 (%+v)", share, hot)
+			}
+
+			// Cold phase: reads spread over the namespace fault pages in.
+			before = c.Stats()
+			for i := 0; i < 100; i++ {
+				off := rng.Int64N(size/BlockSize-4) * BlockSize
+				verifyRange(t, n, off, 4*BlockSize, seed)
+			}
+			cold := c.Stats()
+			if cold.SuspectedPages == before.SuspectedPages || cold.FallbackReads == before.FallbackReads {
+				t.Fatalf("cold phase suspected no fault: %+v", cold)
+			}
+			if cold.MajorResolved+cold.MinorResolved == before.MajorResolved+before.MinorResolved {
+				t.Fatalf("cold phase: the target reported no resolved fault: %+v", cold)
+			}
+			if cold.FalsePositives != 0 {
+				t.Fatalf("false positives without magic content: %d", cold.FalsePositives)
+			}
+		})
+	}
+}
+
+// TestMagicContentIsAFalsePositive writes a page whose content is the
+// region's magic page and reads it: the data is right and the false
+// positive is counted.
+func TestMagicContentIsAFalsePositive(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			r := newRig(t, k, targetSpec{allowAny: true})
+			c := r.connect(t)
+			n := namespace(t, c)
+			d, err := n.RegionDescriptor(context.Background())
+			if err != nil || d == nil {
+				t.Fatalf("region descriptor: %v %v", d, err)
+			}
+			page := make([]byte, BlockSize)
+			for i := 0; i < BlockSize; i += 8 {
+				binary.LittleEndian.PutUint64(page[i:], d.Magic)
+			}
+			// Neighbours with ordinary content, to see the page is placed.
+			buf := make([]byte, 3*BlockSize)
+			pattern(buf, 40*BlockSize, 1)
+			copy(buf[BlockSize:], page)
+			if _, err := n.WriteAt(buf, 40*BlockSize); err != nil {
+				t.Fatal(err)
+			}
+			before := c.Stats()
+			got := make([]byte, len(buf))
+			if _, err := n.ReadAt(got, 40*BlockSize); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, buf) {
+				t.Fatal("a page holding the magic pattern read back wrong")
+			}
+			after := c.Stats()
+			if fp := after.FalsePositives - before.FalsePositives; fp != 1 {
+				t.Fatalf("false positives %d, want 1 (%+v)", fp, after)
+			}
+			if sp := after.SuspectedPages - before.SuspectedPages; sp != 1 {
+				t.Fatalf("suspected pages %d, want 1", sp)
+			}
+		})
+	}
+}
+
+func TestHostNotAllowedIsRefusedAtConnect(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			allowed := "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"
+			r := newRig(t, k, targetSpec{hosts: []string{allowed}})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := Connect(ctx, r.dev, r.tg.Addr(), testSubNQN, WithLogger(quiet),
+				WithHostNQN("nqn.2014-08.org.nvmexpress:uuid:99999999-2222-3333-4444-555555555555"),
+				WithStateFile(filepath.Join(t.TempDir(), "hostid")))
+			if !errors.Is(err, ErrHostNotAllowed) || !errors.Is(err, nvme.StatusConnectInvalidHost) {
+				t.Fatalf("connect of a host not allowed: %v, want ErrHostNotAllowed (Connect Invalid Host)", err)
+			}
+			if got := r.tg.Controllers(); got != 0 {
+				t.Fatalf("%d controllers after a refused connect", got)
+			}
+			// The allowed host gets in; its discovery log lists the
+			// subsystem, the refused host's lists nothing.
+			c := r.connect(t, WithHostNQN(allowed))
+			namespace(t, c)
+			l, err := Discover(ctx, r.dev, r.tg.Addr(), WithHostNQN(allowed), WithLogger(quiet), WithStateFile(filepath.Join(t.TempDir(), "hostid")))
+			if err != nil || len(l.Entries) != 1 || l.Entries[0].SubNQN != testSubNQN {
+				t.Fatalf("discovery for the allowed host: %+v %v", l, err)
+			}
+			l, err = Discover(ctx, r.dev, r.tg.Addr(), WithHostNQN("nqn.2014-08.org.nvmexpress:uuid:99999999-2222-3333-4444-555555555555"),
+				WithLogger(quiet), WithStateFile(filepath.Join(t.TempDir(), "hostid")))
+			if err != nil || len(l.Entries) != 0 {
+				t.Fatalf("discovery for a host not allowed: %+v %v", l, err)
+			}
+		})
+	}
+}
+
+// TestRKeyOfAnotherControllerIsRefused: a host that presents another
+// controller's rkey (guessed, or stale) on its own queue pair gets a remote
+// access error, and nothing is read.
+func TestRKeyOfAnotherControllerIsRefused(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			r := newRig(t, k, targetSpec{allowAny: true})
+			a := r.connect(t)
+			b := r.connect(t, WithControllerLossTimeout(100*time.Millisecond))
+			na, nb := namespace(t, a), namespace(t, b)
+			da, err := na.RegionDescriptor(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			db, err := nb.RegionDescriptor(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if da.RKey == db.RKey {
+				t.Fatal("two controllers share an rkey")
+			}
+			b.mu.Lock()
+			q := b.sess.io[0]
+			b.mu.Unlock()
+			buf, err := b.pool.Get(BlockSize)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer buf.Release()
+			before := r.tg.Device().Stats().RemoteAccessErrors
+			err = q.ReadRemote(context.Background(), buf, 0, BlockSize, da.Address, da.RKey)
+			if !errors.Is(err, nprdma.ErrRemoteAccess) {
+				t.Fatalf("READ with another controller's rkey: %v, want a remote access error", err)
+			}
+			if got := r.tg.Device().Stats().RemoteAccessErrors - before; got != 1 {
+				t.Fatalf("target counted %d remote access errors, want 1", got)
+			}
+			// Controller a is not affected.
+			if _, err := na.ReadAt(make([]byte, BlockSize), 0); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestBadInputGetsTheRightStatus sends bad commands on a real I/O queue:
+// each gets its status and the next good command on the same queue works.
+func TestBadInputGetsTheRightStatus(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			r := newRig(t, k, targetSpec{allowAny: true})
+			c := r.connect(t)
+			n := namespace(t, c)
+			c.mu.Lock()
+			q := c.sess.io[0]
+			c.mu.Unlock()
+			ctx := context.Background()
+			blocks := uint64(n.Size() / BlockSize)
+			cmd := func(b nvme.Command, err error) nvme.Command {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return b
+			}
+			cases := []struct {
+				name string
+				cmd  nvme.Command
+				data []byte
+				want nvme.Status
+			}{
+				{"ReadBeyondEnd", cmd(nvme.ReadCommand(1, blocks, 1, 0, nvme.NullSGL())), make([]byte, BlockSize), nvme.StatusLBAOutOfRange},
+				{"WriteBeyondEnd", cmd(nvme.WriteCommand(1, blocks-1, 2, 0, nvme.NullSGL())), make([]byte, 2*BlockSize), nvme.StatusLBAOutOfRange},
+				{"ZeroLength", cmd(nvme.ReadCommand(1, 0, 1, 0, nvme.NullSGL())), nil, nvme.StatusDataSGLLengthInvalid},
+				{"Oversized", cmd(nvme.ReadCommand(1, 0, 512, 0, nvme.NullSGL())), make([]byte, fabric.MaxTransfer), nvme.StatusInvalidField},
+				{"UnknownOpcode", nvme.Command{Opcode: 0x7d, Flags: nvme.FlagsSGL, NSID: 1, DPTR: nvme.NullSGL()}, nil, nvme.StatusInvalidOpcode},
+				{"UnknownNamespace", cmd(nvme.ReadCommand(9, 0, 1, 0, nvme.NullSGL())), make([]byte, BlockSize), nvme.StatusInvalidNamespaceOrFormat},
+				{"TrimBeyondEnd", cmd(nvme.DeallocateCommand(1, 1, nvme.NullSGL())), dsm(t, blocks, 8), nvme.StatusLBAOutOfRange},
+				{"WriteZeroesBeyondEnd", cmd(nvme.WriteZeroesCommand(1, blocks, 1, 0)), nil, nvme.StatusLBAOutOfRange},
+			}
+			for _, tc := range cases {
+				t.Run(tc.name, func(t *testing.T) {
+					_, err := q.Submit(ctx, tc.cmd, tc.data)
+					if !errors.Is(err, tc.want) {
+						t.Fatalf("%v, want %s", err, tc.want)
+					}
+					var se *nvme.StatusError
+					if !errors.As(err, &se) || !se.Status.DNR() {
+						t.Fatalf("%v: want DNR", err)
+					}
+					if _, err := q.Submit(ctx, cmd(nvme.ReadCommand(1, 0, 1, 0, nvme.NullSGL())), make([]byte, BlockSize)); err != nil {
+						t.Fatalf("good command after %s: %v", tc.name, err)
+					}
+				})
+			}
+		})
+	}
+}
+
+func dsm(t *testing.T, slba uint64, blocks uint32) []byte {
+	b, err := nvme.MarshalDSMRanges([]nvme.DSMRange{{SLBA: slba, Blocks: blocks}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestWritesTrimsAndZeroes covers FUA writes, trims and write-zeroes
+// through the namespace API.
+func TestWritesTrimsAndZeroes(t *testing.T) {
+	r := newRig(t, kinds[0], targetSpec{allowAny: true})
+	c := r.connect(t)
+	n := namespace(t, c)
+	buf := make([]byte, 64*BlockSize)
+	pattern(buf, 0, 3)
+	if _, err := n.WriteAtFUA(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	verifyRange(t, n, 0, int64(len(buf)), 3)
+	if err := n.Trim(4*BlockSize, 8*BlockSize); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.WriteZeroes(20*BlockSize, 4*BlockSize); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(buf))
+	if _, err := n.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	clear(buf[4*BlockSize : 12*BlockSize])
+	clear(buf[20*BlockSize : 24*BlockSize])
+	if !bytes.Equal(got, buf) {
+		t.Fatal("trimmed or zeroed range does not read zeros (or neighbours changed)")
+	}
+	if _, err := n.ReadAt(make([]byte, 10), 0); err == nil {
+		t.Fatal("unaligned read accepted")
+	}
+	if err := n.Advise(context.Background(), 0, 16*BlockSize); err != nil {
+		t.Fatal(err)
+	}
+	s := c.Stats()
+	if s.Trims != 1 || s.WriteZeroes != 1 || s.Writes == 0 {
+		t.Fatalf("counters: %+v", s)
+	}
+}
+
+// TestKeepAliveTimeoutTearsControllerDown connects an admin queue that
+// never sends Keep Alive: the target tears the controller down after KATO
+// and the host's queue fails.
+func TestKeepAliveTimeoutTearsControllerDown(t *testing.T) {
+	r := newRig(t, kinds[1], targetSpec{allowAny: true})
+	cfg, err := newConfig([]Option{WithStateFile(filepath.Join(t.TempDir(), "hostid")), WithLogger(quiet)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Controller{cfg: cfg, addr: r.tg.Addr(), subNQN: testSubNQN, dev: r.dev, pd: r.dev.AllocPD()}
+	if c.pool, err = nprdma.NewBufferPool(c.pd, fabric.HostAccess); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := c.connectAdmin(ctx, testSubNQN, 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.tg.Controllers(); got != 1 {
+		t.Fatalf("%d controllers, want 1", got)
+	}
+	select {
+	case <-s.admin.Done():
+	case <-time.After(15 * time.Second):
+		t.Fatal("admin queue still up long after the keep-alive timeout")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for r.tg.Controllers() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d controllers after the keep-alive timeout", r.tg.Controllers())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := s.admin.Submit(ctx, nvme.KeepAliveCommand(), nil); !errors.Is(err, fabric.ErrQueueFailed) {
+		t.Fatalf("keep-alive after teardown: %v", err)
+	}
+}
+
+// TestReconnectAfterTargetRestart restarts the target on the same address,
+// backing and data directory while I/O is waiting: the controller
+// reconnects (fresh region descriptor), the I/O completes and the data is
+// there. Then the target goes away for good: I/O fails with
+// ErrControllerLost within the loss timeout.
+func TestReconnectAfterTargetRestart(t *testing.T) {
+	dir := t.TempDir()
+	spec := targetSpec{dir: dir, size: 16 << 20, allowAny: true, prov: tcp.New(), listen: "127.0.0.1:0"}
+	tg := startTarget(t, spec)
+	addr := tg.Addr()
+	dev := nprdma.NewDevice(tcp.New(), nprdma.WithPinning(false))
+	defer dev.Close()
+	ctx := context.Background()
+	c, err := Connect(ctx, dev, addr, testSubNQN, WithLogger(quiet), WithIOQueues(2),
+		WithStateFile(filepath.Join(dir, "hostid")), WithControllerLossTimeout(20*time.Second),
+		WithKeepAlive(time.Second), WithQPTimeout(2*time.Second), WithReconnectDelay(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	n := namespace(t, c)
+	buf := make([]byte, 256*BlockSize)
+	pattern(buf, 0, 11)
+	if _, err := n.WriteAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	d1, _ := n.RegionDescriptor(ctx)
+	if err := tg.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// I/O issued while the target is down waits for the reconnect.
+	done := make(chan error, 1)
+	go func() {
+		got := make([]byte, len(buf))
+		if _, err := n.ReadAt(got, 0); err != nil {
+			done <- err
+			return
+		}
+		if !bytes.Equal(got, buf) {
+			done <- fmt.Errorf("data differs after the restart")
+			return
+		}
+		done <- nil
+	}()
+	time.Sleep(300 * time.Millisecond)
+	spec.listen = addr
+	spec.prov = tcp.New()
+	tg2 := startTarget(t, spec)
+	defer tg2.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("read did not complete after the target came back")
+	}
+	if s := c.Stats(); s.Reconnects < 1 {
+		t.Fatalf("reconnects %d", s.Reconnects)
+	}
+	d2, err := n.RegionDescriptor(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d1.RKey == d2.RKey && d1.Magic == d2.Magic {
+		t.Fatal("region descriptor not refreshed after the restart")
+	}
+
+	// Now the target goes for good: a short loss timeout bounds the wait.
+	c2, err := Connect(ctx, dev, addr, testSubNQN, WithLogger(quiet), WithIOQueues(1),
+		WithStateFile(filepath.Join(dir, "hostid")), WithControllerLossTimeout(time.Second),
+		WithQPTimeout(500*time.Millisecond), WithReconnectDelay(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	n2 := namespace(t, c2)
+	tg2.Close()
+	start := time.Now()
+	_, err = n2.ReadAt(make([]byte, BlockSize), 0)
+	if !errors.Is(err, ErrControllerLost) {
+		t.Fatalf("read with the target gone: %v, want ErrControllerLost", err)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("ErrControllerLost took %v", el)
+	}
+	if _, err := n2.WriteAt(make([]byte, BlockSize), 0); !errors.Is(err, ErrControllerLost) {
+		t.Fatalf("write after the loss: %v", err)
+	}
+}
+
+// TestPinnedBaseline serves a namespace in the pinned baseline mode: the
+// region descriptor says pages are always there, every read is one-sided
+// with no magic scan, and data round-trips.
+func TestPinnedBaseline(t *testing.T) {
+	k := kinds[0]
+	sp, cp := k.new()
+	dir := t.TempDir()
+	tg, err := startTargetE(t, targetSpec{prov: sp, listen: k.listen, dir: dir, size: 8 << 20, allowAny: true,
+		targetOpts: []target.Option{target.WithPinnedNamespaces(true)}})
+	if err != nil {
+		if strings.Contains(err.Error(), "mlock") {
+			t.Skipf("pinning not permitted here: %v", err)
+		}
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	dev := nprdma.NewDevice(cp, nprdma.WithPinning(false))
+	defer dev.Close()
+	r := &rig{srvProv: sp, cliProv: cp, tg: tg, dev: dev}
+	c := r.connect(t)
+	n := namespace(t, c)
+	d, err := n.RegionDescriptor(context.Background())
+	if err != nil || d == nil || d.Flags&nvme.RegionUnpinned != 0 {
+		t.Fatalf("pinned region descriptor %+v %v", d, err)
+	}
+	writePattern(t, n, 5, 1<<20)
+	for off := int64(0); off < n.Size(); off += 1 << 20 {
+		verifyRange(t, n, off, 1<<20, 5)
+	}
+	s := c.Stats()
+	if s.SuspectedPages != 0 || s.ReadsOneSided != s.Reads || s.Reads == 0 {
+		t.Fatalf("pinned reads: %+v", s)
+	}
+	if !tg.Subsystem(testSubNQN).Namespace(1).Pinned() {
+		t.Fatal("namespace not pinned")
+	}
+}
+
+// TestConcurrentIOUnderEviction: goroutines write and read disjoint parts of
+// a namespace eight times the budget, each checking every read against its
+// own model of its part, so one-sided reads, fallbacks, eviction and
+// writeback all race with each other.
+func TestConcurrentIOUnderEviction(t *testing.T) {
+	r := newRig(t, kinds[1], targetSpec{size: 16 << 20, budget: 2 << 20, allowAny: true})
+	c := r.connect(t, WithIOQueues(2), WithQueueDepth(16))
+	n := namespace(t, c)
+	const workers, part = 8, 2 << 20
+	rounds := 60
+	if testing.Short() {
+		rounds = 20
+	}
+	errc := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		go func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 77))
+			base := int64(w) * part
+			model := make([]byte, part)
+			for i := 0; i < rounds; i++ {
+				blocks := 1 + rng.IntN(16)
+				off := rng.Int64N(part/BlockSize-int64(blocks)+1) * BlockSize
+				p := make([]byte, blocks*BlockSize)
+				if rng.IntN(2) == 0 {
+					for j := range p {
+						p[j] = byte(rng.Uint32())
+					}
+					if _, err := n.WriteAt(p, base+off); err != nil {
+						errc <- err
+						return
+					}
+					copy(model[off:], p)
+					continue
+				}
+				if _, err := n.ReadAt(p, base+off); err != nil {
+					errc <- err
+					return
+				}
+				if !bytes.Equal(p, model[off:off+int64(len(p))]) {
+					errc <- fmt.Errorf("worker %d: read [%d, +%d) differs from what it wrote", w, base+off, len(p))
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	for w := 0; w < workers; w++ {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := c.Stats(); s.Reads == 0 || s.Writes == 0 {
+		t.Fatalf("no I/O counted: %+v", s)
+	}
+}
+
+// TestNoTornPageUnderConcurrentWrites: one goroutine rewrites a page over
+// and over (every 8-byte word of version v is v) while readers read it; a
+// read that mixed two versions would show two different words. Reads go
+// one-sided and, when they catch the page busy or changed, fall back.
+func TestNoTornPageUnderConcurrentWrites(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			r := newRig(t, k, targetSpec{allowAny: true})
+			c := r.connect(t)
+			n := namespace(t, c)
+			const off = 5 * BlockSize
+			stop := make(chan struct{})
+			werr := make(chan error, 1)
+			go func() {
+				page := make([]byte, 2*BlockSize) // two pages: a READ across the boundary too
+				for v := uint64(1); ; v++ {
+					select {
+					case <-stop:
+						werr <- nil
+						return
+					default:
+					}
+					for i := 0; i < len(page); i += 8 {
+						binary.LittleEndian.PutUint64(page[i:], v)
+					}
+					if _, err := n.WriteAt(page, off); err != nil {
+						werr <- err
+						return
+					}
+				}
+			}()
+			got := make([]byte, BlockSize)
+			for i := 0; i < 500; i++ {
+				if _, err := n.ReadAt(got, off+int64(i%2)*BlockSize); err != nil {
+					t.Fatal(err)
+				}
+				first := binary.LittleEndian.Uint64(got)
+				for j := 8; j < len(got); j += 8 {
+					if w := binary.LittleEndian.Uint64(got[j:]); w != first {
+						t.Fatalf("read %d: torn page: word 0 is %d, word %d is %d", i, first, j/8, w)
+					}
+				}
+			}
+			close(stop)
+			if err := <-werr; err != nil {
+				t.Fatal(err)
+			}
+			s := c.Stats()
+			t.Logf("%d reads: %d completed one-sided, %d suspected pages", s.Reads, s.ReadsOneSided, s.SuspectedPages)
+		})
+	}
+}

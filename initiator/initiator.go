@@ -1,0 +1,740 @@
+// Package initiator connects to an nprdma target and exposes its namespaces
+// as block devices (Namespace implements initiator/blockio.Backend). Reads go
+// one-sided: an RDMA READ straight out of the target's unpinned region, a
+// scan for the region's magic page, and an NVMe Read for just the pages that
+// were not resident (the NP-RDMA scheme); writes, flushes and trims are NVMe
+// commands. The controller keeps itself alive, reconnects in the background
+// when a queue is lost, and fails I/O with ErrControllerLost once the
+// controller-loss timeout has passed.
+//
+// docs/initiator.md and docs/np-rdma.md describe it in full.
+package initiator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nvme"
+	"github.com/nprdma/nprdma/nvme/fabric"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Errors of the initiator. Test with errors.Is.
+var (
+	// ErrControllerLost: the controller could not be reconnected within the
+	// controller-loss timeout; it stays lost.
+	ErrControllerLost = errors.New("initiator: controller lost")
+	// ErrHostNotAllowed: the target refused this host NQN at Connect.
+	ErrHostNotAllowed = errors.New("initiator: host not allowed by the target")
+	// ErrClosed: the controller was closed.
+	ErrClosed = errors.New("initiator: controller closed")
+)
+
+// Defaults.
+const (
+	DefaultKeepAlive      = 5 * time.Second
+	DefaultLossTimeout    = 30 * time.Second
+	DefaultQueueDepth     = 128
+	DefaultReconnectDelay = 100 * time.Millisecond
+	maxReconnectDelay     = 2 * time.Second
+	adminEntries          = 32
+	// BlockSize is the block size the initiator supports (the target's).
+	BlockSize = 4096
+)
+
+// Option configures Connect and Discover.
+type Option func(*config)
+
+type config struct {
+	hostNQN        string
+	hostID         nvme.UUID
+	stateFile      string
+	ioQueues       int
+	queueDepth     int
+	kato           time.Duration
+	lossTimeout    time.Duration
+	reconnectDelay time.Duration
+	qpTimeout      time.Duration
+	busyPoll       time.Duration
+	oneSided       bool
+	log            *slog.Logger
+	reg            prometheus.Registerer
+}
+
+// WithHostNQN sets the host NQN (default: derived from the host ID, see
+// WithStateFile).
+func WithHostNQN(nqn string) Option { return func(c *config) { c.hostNQN = nqn } }
+
+// WithHostID sets the 128-bit host identifier sent in Connect.
+func WithHostID(id nvme.UUID) Option { return func(c *config) { c.hostID = id } }
+
+// WithStateFile names the file holding the host ID (created on first use;
+// default DefaultStateFile()). The default host NQN derives from it.
+func WithStateFile(path string) Option { return func(c *config) { c.stateFile = path } }
+
+// WithIOQueues sets the number of I/O queues (default runtime.NumCPU()).
+func WithIOQueues(n int) Option { return func(c *config) { c.ioQueues = n } }
+
+// WithQueueDepth sets the entries of each I/O queue (default 128; the
+// target may grant fewer).
+func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } }
+
+// WithKeepAlive sets the keep-alive timeout asked for (KATO; keep-alives
+// go out every half of it; default 5 s).
+func WithKeepAlive(d time.Duration) Option { return func(c *config) { c.kato = d } }
+
+// WithControllerLossTimeout sets how long I/O waits for a reconnect before
+// failing with ErrControllerLost (default 30 s).
+func WithControllerLossTimeout(d time.Duration) Option { return func(c *config) { c.lossTimeout = d } }
+
+// WithReconnectDelay sets the first delay between reconnect attempts (it
+// doubles up to 2 s).
+func WithReconnectDelay(d time.Duration) Option { return func(c *config) { c.reconnectDelay = d } }
+
+// WithQPTimeout sets the queue pairs' peer-silence timeout (default
+// nprdma's 10 s): how long a silent target takes to be noticed.
+func WithQPTimeout(d time.Duration) Option { return func(c *config) { c.qpTimeout = d } }
+
+// WithBusyPoll makes waiters spin up to d for completions before parking.
+func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }
+
+// WithOneSidedReads enables (default) or disables one-sided reads; without
+// them every read is an NVMe Read command (the baseline).
+func WithOneSidedReads(on bool) Option { return func(c *config) { c.oneSided = on } }
+
+// WithLogger sets where the controller logs (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
+
+// WithMetrics registers the controller's metrics (nprdma_initiator_*) on
+// reg.
+func WithMetrics(reg prometheus.Registerer) Option { return func(c *config) { c.reg = reg } }
+
+func newConfig(opts []Option) (config, error) {
+	cfg := config{
+		ioQueues:       runtime.NumCPU(),
+		queueDepth:     DefaultQueueDepth,
+		kato:           DefaultKeepAlive,
+		lossTimeout:    DefaultLossTimeout,
+		reconnectDelay: DefaultReconnectDelay,
+		oneSided:       true,
+		log:            slog.Default(),
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.hostNQN == "" || cfg.hostID == (nvme.UUID{}) {
+		path := cfg.stateFile
+		if path == "" {
+			path = DefaultStateFile()
+		}
+		id, err := LoadOrCreateHostID(path)
+		if err != nil {
+			return cfg, err
+		}
+		if cfg.hostID == (nvme.UUID{}) {
+			cfg.hostID = id
+		}
+		if cfg.hostNQN == "" {
+			cfg.hostNQN = nvme.HostNQNFromUUID(id)
+		}
+	}
+	if err := nvme.ValidateNQN(cfg.hostNQN); err != nil {
+		return cfg, fmt.Errorf("initiator: host NQN %q: %w", cfg.hostNQN, err)
+	}
+	if cfg.ioQueues < 1 {
+		cfg.ioQueues = 1
+	}
+	if cfg.queueDepth < 2 {
+		cfg.queueDepth = 2
+	}
+	return cfg, nil
+}
+
+// Controller is a connection to one subsystem of a target: an admin queue,
+// I/O queues, keep-alive, and the reconnect machinery.
+type Controller struct {
+	cfg    config
+	addr   string
+	subNQN string
+	dev    *nprdma.Device
+	pd     *nprdma.PD
+	pool   *nprdma.BufferPool
+	ctr    counters
+	prom   *promMetrics
+
+	mu       sync.Mutex
+	sess     *session // nil while reconnecting or after loss
+	changed  chan struct{}
+	lostErr  error // set once lost or closed
+	lossAt   time.Time
+	closed   bool
+	bg       sync.WaitGroup
+	rr       atomic.Uint32
+	stopOnce sync.Once
+	stop     chan struct{}
+}
+
+// session is one incarnation of the controller: what a reconnect replaces.
+type session struct {
+	c        *Controller
+	admin    *fabric.HostQueue
+	io       []*fabric.HostQueue
+	cntlid   uint16
+	ident    nvme.IdentifyController
+	maxXfer  int
+	failOnce sync.Once
+	failed   chan struct{}
+
+	mu      sync.Mutex
+	regions map[uint32]*regionInfo
+}
+
+// regionInfo is a namespace's region descriptor in one session (nil
+// descriptor: the target offers no one-sided reads for it).
+type regionInfo struct {
+	desc *nvme.RegionDescriptor
+}
+
+// Connect connects to subsystem subNQN of the target at addr with device
+// dev (the caller keeps it and closes it after the controller).
+func Connect(ctx context.Context, dev *nprdma.Device, addr, subNQN string, opts ...Option) (*Controller, error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	c := &Controller{cfg: cfg, addr: addr, subNQN: subNQN, dev: dev, pd: dev.AllocPD(),
+		changed: make(chan struct{}), stop: make(chan struct{})}
+	if c.pool, err = nprdma.NewBufferPool(c.pd, fabric.HostAccess); err != nil {
+		c.pd.Close()
+		return nil, fmt.Errorf("initiator: %w", err)
+	}
+	s, err := c.connect(ctx)
+	if err != nil {
+		c.pool.Close()
+		c.pd.Close()
+		return nil, err
+	}
+	if cfg.reg != nil {
+		if c.prom, err = newPromMetrics(cfg.reg, c); err != nil {
+			s.close(ctx, false)
+			c.pool.Close()
+			c.pd.Close()
+			return nil, fmt.Errorf("initiator: metrics: %w", err)
+		}
+	}
+	c.install(s)
+	return c, nil
+}
+
+// HostNQN is the host NQN the controller connects as.
+func (c *Controller) HostNQN() string { return c.cfg.hostNQN }
+
+// Addr is the target's address.
+func (c *Controller) Addr() string { return c.addr }
+
+// SubsystemNQN is the subsystem's NQN.
+func (c *Controller) SubsystemNQN() string { return c.subNQN }
+
+// CNTLID is the current controller ID (it changes on reconnect).
+func (c *Controller) CNTLID() uint16 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess == nil {
+		return 0
+	}
+	return c.sess.cntlid
+}
+
+// Identify returns the Identify Controller data of the current session.
+func (c *Controller) Identify(ctx context.Context) (nvme.IdentifyController, error) {
+	var id nvme.IdentifyController
+	err := c.do(ctx, func(s *session) error { id = s.ident; return nil })
+	return id, err
+}
+
+// IOQueues is the number of I/O queues of the current session.
+func (c *Controller) IOQueues() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess == nil {
+		return 0
+	}
+	return len(c.sess.io)
+}
+
+// Pool is the registered buffer pool of the controller's data path.
+func (c *Controller) Pool() *nprdma.BufferPool { return c.pool }
+
+// connect brings a new session up: admin queue, Connect, enable, Identify,
+// Number of Queues, I/O queues.
+func (c *Controller) connect(ctx context.Context) (*session, error) {
+	s, err := c.connectAdmin(ctx, c.subNQN, c.cfg.kato)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*session, error) {
+		s.close(ctx, false)
+		return nil, err
+	}
+	if s.ident.CNTRLTYPE != nvme.ControllerTypeIO {
+		return fail(fmt.Errorf("initiator: %s at %s is not an I/O controller (type %d)", c.subNQN, c.addr, s.ident.CNTRLTYPE))
+	}
+	nq, err := nvme.NumberOfQueues{Submission: c.cfg.ioQueues, Completion: c.cfg.ioQueues}.Encode()
+	if err != nil {
+		return fail(err)
+	}
+	cqe, err := s.admin.Submit(ctx, nvme.SetFeaturesCommand(nvme.FeatureNumberOfQueues, nq, false), nil)
+	if err != nil {
+		return fail(fmt.Errorf("initiator: set number of queues on %s: %w", c.subNQN, err))
+	}
+	granted, err := nvme.DecodeNumberOfQueues(cqe.DW0)
+	if err != nil {
+		return fail(err)
+	}
+	n := min(granted.IOQueues(), c.cfg.ioQueues)
+	if n < 1 {
+		return fail(fmt.Errorf("initiator: %s granted no I/O queue", c.subNQN))
+	}
+	cap, err := s.propertyGet(ctx, nvme.PropCAP, 8)
+	if err != nil {
+		return fail(err)
+	}
+	entries := min(c.cfg.queueDepth, nvme.DecodeCAP(cap).MaxQueueEntries())
+	if s.ident.MAXCMD > 0 {
+		entries = min(entries, int(s.ident.MAXCMD))
+	}
+	icd := nvme.ICDLimit(s.ident.IOCCSZ)
+	for qid := 1; qid <= n; qid++ {
+		q, err := c.dialQueue(ctx, fabric.QueueConfig{QID: uint16(qid), Entries: entries, InCapsuleData: icd, CNTLID: s.cntlid})
+		if err != nil {
+			return fail(err)
+		}
+		s.io = append(s.io, q)
+		if err := c.connectQueue(ctx, q, s.cntlid, 0); err != nil {
+			return fail(err)
+		}
+	}
+	return s, nil
+}
+
+func (c *Controller) dialQueue(ctx context.Context, qc fabric.QueueConfig) (*fabric.HostQueue, error) {
+	opts := []fabric.DialOption{fabric.WithPool(c.pool)}
+	if c.cfg.qpTimeout != 0 {
+		opts = append(opts, fabric.WithQPTimeout(c.cfg.qpTimeout))
+	}
+	if c.cfg.busyPoll > 0 {
+		opts = append(opts, fabric.WithCompletionBusyPoll(c.cfg.busyPoll))
+	}
+	q, err := fabric.Dial(ctx, c.pd, c.addr, qc, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("initiator: %s at %s: %w", c.subNQN, c.addr, err)
+	}
+	return q, nil
+}
+
+// connectQueue sends Fabrics Connect on q.
+func (c *Controller) connectQueue(ctx context.Context, q *fabric.HostQueue, cntlid uint16, kato time.Duration) error {
+	return connectQueue(ctx, q, c.subNQN, c.cfg.hostNQN, c.cfg.hostID, cntlid, kato, nil)
+}
+
+func connectQueue(ctx context.Context, q *fabric.HostQueue, subNQN, hostNQN string, hostID nvme.UUID, cntlid uint16, kato time.Duration, gotCNTLID *uint16) error {
+	data := nvme.ConnectData{HostID: hostID, CNTLID: cntlid, SubNQN: subNQN, HostNQN: hostNQN}
+	raw, err := data.Marshal()
+	if err != nil {
+		return fmt.Errorf("initiator: connect data: %w", err)
+	}
+	cmd := nvme.ConnectCommand(nvme.ConnectParams{QID: q.QID(), SQSIZE: uint16(q.Entries() - 1), KATO: nvme.KeepAliveTimeoutValue(kato)}, nvme.NullSGL())
+	cqe, err := q.Submit(ctx, cmd, raw)
+	if err != nil {
+		if errors.Is(err, nvme.StatusConnectInvalidHost) {
+			return fmt.Errorf("%w: %s may not access %s: %w", ErrHostNotAllowed, hostNQN, subNQN, err)
+		}
+		return fmt.Errorf("initiator: connect queue %d to %s: %w", q.QID(), subNQN, err)
+	}
+	if gotCNTLID != nil {
+		*gotCNTLID = nvme.DecodeConnectResponse(cqe.DW0).CNTLID
+	}
+	return nil
+}
+
+// connectAdmin dials and connects an admin queue to subNQN, enables the
+// controller and reads Identify Controller.
+func (c *Controller) connectAdmin(ctx context.Context, subNQN string, kato time.Duration) (*session, error) {
+	q, err := c.dialQueue(ctx, fabric.QueueConfig{QID: 0, Entries: adminEntries, CNTLID: nvme.DynamicControllerID})
+	if err != nil {
+		return nil, err
+	}
+	s := &session{c: c, admin: q, failed: make(chan struct{}), regions: map[uint32]*regionInfo{}}
+	if err := connectQueue(ctx, q, subNQN, c.cfg.hostNQN, c.cfg.hostID, nvme.DynamicControllerID, kato, &s.cntlid); err != nil {
+		q.Close()
+		return nil, err
+	}
+	if err := s.enable(ctx); err != nil {
+		q.Close()
+		return nil, err
+	}
+	buf := make([]byte, nvme.IdentifySize)
+	if _, err := q.Submit(ctx, nvme.IdentifyCommand(nvme.CNSController, 0, nvme.NullSGL()), buf); err != nil {
+		q.Close()
+		return nil, fmt.Errorf("initiator: identify controller of %s: %w", subNQN, err)
+	}
+	if err := s.ident.Unmarshal(buf); err != nil {
+		q.Close()
+		return nil, fmt.Errorf("initiator: identify controller of %s: %w", subNQN, err)
+	}
+	if s.ident.CNTLID != s.cntlid {
+		q.Close()
+		return nil, fmt.Errorf("initiator: %s: Identify says controller %d, Connect said %d", subNQN, s.ident.CNTLID, s.cntlid)
+	}
+	s.maxXfer = fabric.MaxTransfer
+	if m := s.ident.MaxTransfer(BlockSize); m > 0 && m < int64(s.maxXfer) {
+		s.maxXfer = int(m)
+	}
+	return s, nil
+}
+
+func (s *session) propertyGet(ctx context.Context, off uint32, size int) (uint64, error) {
+	cmd, err := nvme.PropertyGetCommand(off, size)
+	if err != nil {
+		return 0, err
+	}
+	cqe, err := s.admin.Submit(ctx, cmd, nil)
+	if err != nil {
+		return 0, fmt.Errorf("initiator: property get %#x: %w", off, err)
+	}
+	return cqe.Result64(), nil
+}
+
+func (s *session) propertySet(ctx context.Context, off uint32, v uint32) error {
+	cmd, err := nvme.PropertySetCommand(off, 4, uint64(v))
+	if err != nil {
+		return err
+	}
+	if _, err := s.admin.Submit(ctx, cmd, nil); err != nil {
+		return fmt.Errorf("initiator: property set %#x: %w", off, err)
+	}
+	return nil
+}
+
+// enable sets CC.EN and waits for CSTS.RDY within CAP.TO.
+func (s *session) enable(ctx context.Context) error {
+	capv, err := s.propertyGet(ctx, nvme.PropCAP, 8)
+	if err != nil {
+		return err
+	}
+	cc := nvme.CC{EN: true, IOSQES: 6, IOCQES: 4}
+	if err := s.propertySet(ctx, nvme.PropCC, cc.Encode()); err != nil {
+		return err
+	}
+	timeout := time.Duration(nvme.DecodeCAP(capv).TO+1) * 500 * time.Millisecond
+	deadline := time.Now().Add(timeout)
+	for {
+		v, err := s.propertyGet(ctx, nvme.PropCSTS, 4)
+		if err != nil {
+			return err
+		}
+		csts := nvme.DecodeCSTS(uint32(v))
+		if csts.CFS {
+			return fmt.Errorf("initiator: controller %d reports a fatal status after enable", s.cntlid)
+		}
+		if csts.RDY {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("initiator: controller %d not ready after %v", s.cntlid, timeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// install makes s the current session and starts its keep-alive and
+// watchers.
+func (c *Controller) install(s *session) {
+	c.mu.Lock()
+	c.sess = s
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		c.supervise(s)
+	}()
+}
+
+// supervise keeps s alive and notices its loss: keep-alives every half
+// KATO; any queue failing fails the session.
+func (c *Controller) supervise(s *session) {
+	queues := append([]*fabric.HostQueue{s.admin}, s.io...)
+	for _, q := range queues {
+		go func() {
+			select {
+			case <-q.Done():
+				s.fail(q.Err())
+			case <-s.failed:
+			}
+		}()
+	}
+	var tick <-chan time.Time
+	if c.cfg.kato > 0 {
+		t := time.NewTicker(c.cfg.kato / 2)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-s.failed:
+			c.reconnect(s)
+			return
+		case <-tick:
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.kato)
+			_, err := s.admin.Submit(ctx, nvme.KeepAliveCommand(), nil)
+			cancel()
+			if err != nil {
+				s.fail(fmt.Errorf("keep-alive: %w", err))
+			}
+		}
+	}
+}
+
+// fail marks the session lost (once); supervise starts the reconnect.
+func (s *session) fail(err error) {
+	s.failOnce.Do(func() {
+		s.c.mu.Lock()
+		closed := s.c.closed
+		s.c.mu.Unlock()
+		if !closed {
+			s.c.cfg.log.Warn("initiator: controller connection lost", "subsystem", s.c.subNQN, "addr", s.c.addr, "cntlid", s.cntlid, "err", err)
+		}
+		close(s.failed)
+	})
+}
+
+// close closes the session's queues; with shutdown it first asks the
+// controller for a normal shutdown (flush) and waits for it briefly.
+func (s *session) close(ctx context.Context, shutdown bool) {
+	if shutdown {
+		cc := nvme.CC{EN: true, IOSQES: 6, IOCQES: 4, SHN: nvme.ShutdownNormal}
+		if s.propertySet(ctx, nvme.PropCC, cc.Encode()) == nil {
+			deadline := time.Now().Add(5 * time.Second)
+			for time.Now().Before(deadline) {
+				v, err := s.propertyGet(ctx, nvme.PropCSTS, 4)
+				if err != nil || nvme.DecodeCSTS(uint32(v)).SHST == nvme.ShutdownStatusComplete {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}
+	for _, q := range s.io {
+		q.Close()
+	}
+	s.admin.Close()
+}
+
+// reconnect replaces a lost session, retrying with backoff until the
+// controller-loss timeout, after which the controller is lost for good.
+func (c *Controller) reconnect(old *session) {
+	c.mu.Lock()
+	if c.sess == old {
+		c.sess = nil
+		c.lossAt = time.Now().Add(c.cfg.lossTimeout)
+	}
+	deadline := c.lossAt
+	c.mu.Unlock()
+	old.close(context.Background(), false)
+	delay := c.cfg.reconnectDelay
+	for attempt := 1; ; attempt++ {
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), left)
+		go func() {
+			select {
+			case <-c.stop: // Close must not wait for an attempt in progress
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		s, err := c.connect(ctx)
+		cancel()
+		if err == nil {
+			c.ctr.reconnects.Add(1)
+			c.cfg.log.Info("initiator: controller reconnected", "subsystem", c.subNQN, "addr", c.addr, "cntlid", s.cntlid, "attempt", attempt)
+			c.mu.Lock()
+			closed := c.closed
+			c.mu.Unlock()
+			if closed {
+				s.close(context.Background(), false)
+				return
+			}
+			c.install(s)
+			return
+		}
+		c.cfg.log.Debug("initiator: reconnect failed", "subsystem", c.subNQN, "attempt", attempt, "err", err)
+		if errors.Is(err, ErrHostNotAllowed) {
+			break // access was revoked: retrying cannot help
+		}
+		select {
+		case <-c.stop:
+			return
+		case <-time.After(min(delay, time.Until(deadline))):
+		}
+		delay = min(2*delay, maxReconnectDelay)
+	}
+	c.mu.Lock()
+	if c.lostErr == nil {
+		c.lostErr = fmt.Errorf("%w: %s at %s: not reconnected within %v", ErrControllerLost, c.subNQN, c.addr, c.cfg.lossTimeout)
+	}
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+	c.cfg.log.Error("initiator: controller lost", "subsystem", c.subNQN, "addr", c.addr, "timeout", c.cfg.lossTimeout)
+}
+
+// current returns the live session, waiting while a reconnect is under way
+// (bounded by the loss timeout and ctx).
+func (c *Controller) current(ctx context.Context) (*session, error) {
+	for {
+		c.mu.Lock()
+		s, lost, ch, at := c.sess, c.lostErr, c.changed, c.lossAt
+		c.mu.Unlock()
+		if lost != nil {
+			return nil, lost
+		}
+		if s != nil {
+			return s, nil
+		}
+		// Never longer than the loss deadline (plus a margin for the
+		// reconnect loop to declare the loss).
+		wait := time.Until(at) + time.Second
+		if wait <= 0 {
+			wait = time.Second
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ch:
+			t.Stop()
+		case <-t.C:
+			return nil, fmt.Errorf("%w: %s at %s: not reconnected within %v", ErrControllerLost, c.subNQN, c.addr, c.cfg.lossTimeout)
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// do runs fn on the live session; a transport failure fails the session
+// and fn runs again on the next one (block commands are idempotent).
+func (c *Controller) do(ctx context.Context, fn func(s *session) error) error {
+	for {
+		s, err := c.current(ctx)
+		if err != nil {
+			return err
+		}
+		err = fn(s)
+		if err == nil || !errors.Is(err, fabric.ErrQueueFailed) {
+			return err
+		}
+		s.fail(err)
+		select {
+		case <-s.failed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		// Wait until supervise has taken the session down, then retry.
+		c.waitReplaced(ctx, s)
+	}
+}
+
+func (c *Controller) waitReplaced(ctx context.Context, s *session) {
+	for {
+		c.mu.Lock()
+		cur, ch, lost := c.sess, c.changed, c.lostErr
+		c.mu.Unlock()
+		if cur != s || lost != nil {
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// ioQueue picks an I/O queue round-robin.
+func (s *session) ioQueue(c *Controller) *fabric.HostQueue {
+	return s.io[int(c.rr.Add(1))%len(s.io)]
+}
+
+// Close shuts the controller down (a normal shutdown: the target flushes)
+// and closes its queues. Namespaces fail with ErrClosed afterwards.
+func (c *Controller) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	s := c.sess
+	c.sess = nil
+	if c.lostErr == nil {
+		c.lostErr = fmt.Errorf("%w: %s at %s", ErrClosed, c.subNQN, c.addr)
+	}
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+	c.stopOnce.Do(func() { close(c.stop) })
+	if s != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s.close(ctx, true)
+		cancel()
+		s.fail(ErrClosed)
+	}
+	c.bg.Wait()
+	if c.prom != nil {
+		c.prom.unregister()
+	}
+	err := c.pool.Close()
+	if perr := c.pd.Close(); err == nil {
+		err = perr
+	}
+	return err
+}
+
+// NamespaceIDs lists the active namespaces.
+func (c *Controller) NamespaceIDs(ctx context.Context) ([]uint32, error) {
+	var ids []uint32
+	err := c.do(ctx, func(s *session) error {
+		ids = ids[:0]
+		var after uint32
+		for {
+			buf := make([]byte, nvme.IdentifySize)
+			if _, err := s.admin.Submit(ctx, nvme.IdentifyCommand(nvme.CNSActiveNamespaces, after, nvme.NullSGL()), buf); err != nil {
+				return fmt.Errorf("initiator: namespace list of %s: %w", c.subNQN, err)
+			}
+			page, err := nvme.ParseNamespaceList(buf)
+			if err != nil {
+				return err
+			}
+			ids = append(ids, page...)
+			if len(page) < nvme.MaxNamespaceListEntries {
+				return nil
+			}
+			after = page[len(page)-1]
+		}
+	})
+	return ids, err
+}

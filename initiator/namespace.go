@@ -1,0 +1,402 @@
+package initiator
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nprdma/nprdma/initiator/blockio"
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nvme"
+	"github.com/nprdma/nprdma/nvme/fabric"
+)
+
+// Namespace is a namespace of a connected controller, usable as a block
+// device: it implements blockio.Backend. Offsets and lengths are multiples
+// of BlockSize. Its methods survive reconnects: an operation interrupted by
+// the loss of the connection is retried on the next one, and fails with
+// ErrControllerLost only when the controller is lost for good.
+type Namespace struct {
+	c      *Controller
+	nsid   uint32
+	blocks uint64
+	nguid  [16]byte
+	uuid   nvme.UUID
+}
+
+var _ blockio.Backend = (*Namespace)(nil)
+
+// Namespace identifies namespace nsid and fetches its region descriptor.
+func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, error) {
+	n := &Namespace{c: c, nsid: nsid}
+	err := c.do(ctx, func(s *session) error {
+		buf := make([]byte, nvme.IdentifySize)
+		if _, err := s.admin.Submit(ctx, nvme.IdentifyCommand(nvme.CNSNamespace, nsid, nvme.NullSGL()), buf); err != nil {
+			return fmt.Errorf("initiator: identify namespace %d of %s: %w", nsid, c.subNQN, err)
+		}
+		var id nvme.IdentifyNamespace
+		if err := id.Unmarshal(buf); err != nil {
+			return err
+		}
+		if id.NSZE == 0 {
+			return fmt.Errorf("initiator: namespace %d of %s is not active", nsid, c.subNQN)
+		}
+		bs, err := id.BlockSize()
+		if err != nil {
+			return err
+		}
+		if bs != BlockSize {
+			return fmt.Errorf("initiator: namespace %d of %s has %d-byte blocks; only %d is supported", nsid, c.subNQN, bs, BlockSize)
+		}
+		n.blocks, n.nguid = id.NSZE, id.NGUID
+		ids := make([]byte, nvme.IdentifySize)
+		if _, err := s.admin.Submit(ctx, nvme.IdentifyCommand(nvme.CNSNamespaceDescriptors, nsid, nvme.NullSGL()), ids); err == nil {
+			var d nvme.NamespaceIDs
+			if d.Unmarshal(ids) == nil {
+				n.uuid = d.UUID
+			}
+		}
+		_, err = s.region(ctx, nsid)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// region returns the namespace's region descriptor in session s, fetching
+// it on first use (nil: no one-sided reads for this namespace).
+func (s *session) region(ctx context.Context, nsid uint32) (*nvme.RegionDescriptor, error) {
+	s.mu.Lock()
+	ri := s.regions[nsid]
+	s.mu.Unlock()
+	if ri != nil {
+		return ri.desc, nil
+	}
+	ri = &regionInfo{}
+	buf := make([]byte, nvme.RegionDescriptorSize)
+	_, err := s.admin.Submit(ctx, nvme.NPGetRegionDescriptorCommand(nsid, nvme.NullSGL()), buf)
+	switch {
+	case err == nil:
+		d, err := nvme.ParseRegionDescriptor(buf)
+		if err != nil {
+			return nil, fmt.Errorf("initiator: namespace %d: %w", nsid, err)
+		}
+		if d.Flags&nvme.RegionRemoteRead != 0 && d.PageSize == BlockSize && d.LBASize == BlockSize {
+			ri.desc = &d
+		}
+	case errors.Is(err, nvme.StatusInvalidOpcode), errors.Is(err, nvme.StatusInvalidField):
+		// A target without the NP extension (or not exporting this
+		// namespace): two-sided reads only.
+	default:
+		return nil, fmt.Errorf("initiator: region descriptor of namespace %d: %w", nsid, err)
+	}
+	s.mu.Lock()
+	s.regions[nsid] = ri
+	s.mu.Unlock()
+	return ri.desc, nil
+}
+
+// NSID is the namespace ID.
+func (n *Namespace) NSID() uint32 { return n.nsid }
+
+// NGUID is the namespace's globally unique identifier.
+func (n *Namespace) NGUID() [16]byte { return n.nguid }
+
+// UUID is the namespace's UUID (zero if the target reports none).
+func (n *Namespace) UUID() nvme.UUID { return n.uuid }
+
+// Size is the size in bytes.
+func (n *Namespace) Size() int64 { return int64(n.blocks) * BlockSize }
+
+// BlockSize is 4096.
+func (n *Namespace) BlockSize() int { return BlockSize }
+
+// Controller is the namespace's controller.
+func (n *Namespace) Controller() *Controller { return n.c }
+
+// RegionDescriptor is the namespace's region descriptor in the current
+// session (nil without one-sided reads).
+func (n *Namespace) RegionDescriptor(ctx context.Context) (*nvme.RegionDescriptor, error) {
+	var d *nvme.RegionDescriptor
+	err := n.c.do(ctx, func(s *session) error {
+		var err error
+		d, err = s.region(ctx, n.nsid)
+		return err
+	})
+	return d, err
+}
+
+func (n *Namespace) check(op string, off, length int64) error {
+	if !blockio.CheckRange(off, length, n.Size()) {
+		return fmt.Errorf("initiator: %s namespace %d [%d, +%d): %w (size %d)", op, n.nsid, off, length, blockio.ErrOutOfRange, n.Size())
+	}
+	if off%BlockSize != 0 || length%BlockSize != 0 {
+		return fmt.Errorf("initiator: %s namespace %d [%d, +%d): %w", op, n.nsid, off, length, blockio.ErrUnaligned)
+	}
+	return nil
+}
+
+// ReadAt reads len(p) bytes at off: one-sided where the pages are
+// resident, NVMe Read for the rest.
+func (n *Namespace) ReadAt(p []byte, off int64) (int, error) {
+	return n.ReadAtContext(context.Background(), p, off)
+}
+
+// ReadAtContext is ReadAt bounded by ctx.
+func (n *Namespace) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	if err := n.check("read", off, int64(len(p))); err != nil {
+		return 0, err
+	}
+	done := 0
+	for done < len(p) {
+		var k int
+		err := n.c.do(ctx, func(s *session) error {
+			k = min(len(p)-done, s.maxXfer)
+			return n.readChunk(ctx, s, p[done:done+k], off+int64(done))
+		})
+		if err != nil {
+			return done, err
+		}
+		done += k
+	}
+	return done, nil
+}
+
+// readChunk reads one transfer: READ into a pool buffer, find the magic
+// pages, re-read those with NVMe Read into the same buffer, copy out.
+func (n *Namespace) readChunk(ctx context.Context, s *session, p []byte, off int64) error {
+	c := n.c
+	start := time.Now()
+	buf, err := c.pool.Get(len(p))
+	if err != nil {
+		return fmt.Errorf("initiator: read buffer: %w", err)
+	}
+	defer buf.Release()
+	q := s.ioQueue(c)
+	desc, err := s.region(ctx, n.nsid)
+	if err != nil {
+		return err
+	}
+	if desc == nil || !c.cfg.oneSided {
+		if err := n.readCommand(ctx, q, buf, 0, len(p), off); err != nil {
+			return err
+		}
+		copy(p, buf.Bytes()[:len(p)])
+		c.ctr.twoSidedReads.Add(1)
+		c.observeRead(pathTwoSided, time.Since(start))
+		return nil
+	}
+	raddr := desc.Address + uint64(off)
+	if err := q.ReadRemote(ctx, buf, 0, len(p), raddr, desc.RKey); err != nil {
+		return err
+	}
+	data := buf.Bytes()[:len(p)]
+	pages := uint64(len(p) / BlockSize)
+	c.ctr.oneSidedReads.Add(1)
+	c.ctr.oneSidedPages.Add(pages)
+	c.ctr.oneSidedBytes.Add(uint64(len(p)))
+	var suspects []nprdma.PageRange
+	if desc.Flags&nvme.RegionUnpinned != 0 {
+		suspects = c.dev.FindMagicPages(data, raddr, desc.Address, int(desc.PageSize), desc.Magic)
+	}
+	if len(suspects) == 0 {
+		c.ctr.readsOneSided.Add(1)
+		copy(p, data)
+		c.observeRead(pathOneSided, time.Since(start))
+		return nil
+	}
+	for _, r := range suspects {
+		c.ctr.suspectedPages.Add(uint64(r.Len / BlockSize))
+		if err := n.readCommand(ctx, q, buf, r.Off, r.Len, off+int64(r.Off)); err != nil {
+			return err
+		}
+		c.ctr.fallbackReads.Add(1)
+		c.ctr.fallbackPages.Add(uint64(r.Len / BlockSize))
+		// A page that still holds the magic pattern after the two-sided
+		// read really holds it: a false positive, and the data is right.
+		for pg := r.Off; pg < r.Off+r.Len; pg += BlockSize {
+			if isMagicPage(data[pg:pg+BlockSize], desc.Magic) {
+				c.ctr.falsePositives.Add(1)
+			}
+		}
+	}
+	copy(p, data)
+	c.observeRead(pathFallback, time.Since(start))
+	return nil
+}
+
+// isMagicPage reports whether a page (aligned to the region's pages) is
+// the magic value repeated.
+func isMagicPage(pg []byte, magic uint64) bool {
+	if binary.LittleEndian.Uint64(pg) != magic {
+		return false
+	}
+	for i := 8; i+8 <= len(pg); i += 8 {
+		if binary.LittleEndian.Uint64(pg[i:]) != magic {
+			return false
+		}
+	}
+	return true
+}
+
+// readCommand reads n bytes at off with NVMe Read commands into buf at
+// bufOff; the completion reports the faults the target resolved.
+func (n *Namespace) readCommand(ctx context.Context, q *fabric.HostQueue, buf *nprdma.Buffer, bufOff, length int, off int64) error {
+	cmd, err := nvme.ReadCommand(n.nsid, uint64(off)/BlockSize, uint32(length/BlockSize), 0, nvme.NullSGL())
+	if err != nil {
+		return err
+	}
+	cqe, err := q.SubmitBuffer(ctx, cmd, buf, bufOff, length)
+	if err != nil {
+		return fmt.Errorf("initiator: read namespace %d [%d, +%d): %w", n.nsid, off, length, err)
+	}
+	minor, major := faultReport(cqe.DW0)
+	n.c.ctr.minorResolved.Add(uint64(minor))
+	n.c.ctr.majorResolved.Add(uint64(major))
+	return nil
+}
+
+// faultReport decodes the fault counts an nprdma target puts in DW0 of a
+// Read completion (minor in bits 15:0, major in bits 31:16; 0 from other
+// targets).
+func faultReport(dw0 uint32) (minor, major int) { return int(dw0 & 0xffff), int(dw0 >> 16) }
+
+// WriteAt writes p at off (into the target's volatile cache).
+func (n *Namespace) WriteAt(p []byte, off int64) (int, error) { return n.write(p, off, 0) }
+
+// WriteAtFUA writes p at off and returns once it is durable.
+func (n *Namespace) WriteAtFUA(p []byte, off int64) (int, error) { return n.write(p, off, nvme.FUA) }
+
+func (n *Namespace) write(p []byte, off int64, flags nvme.IOFlag) (int, error) {
+	if err := n.check("write", off, int64(len(p))); err != nil {
+		return 0, err
+	}
+	ctx := context.Background()
+	done := 0
+	for done < len(p) {
+		var k int
+		err := n.c.do(ctx, func(s *session) error {
+			k = min(len(p)-done, s.maxXfer)
+			start := time.Now()
+			cmd, err := nvme.WriteCommand(n.nsid, uint64(off+int64(done))/BlockSize, uint32(k/BlockSize), flags, nvme.NullSGL())
+			if err != nil {
+				return err
+			}
+			if _, err := s.ioQueue(n.c).Submit(ctx, cmd, p[done:done+k]); err != nil {
+				return fmt.Errorf("initiator: write namespace %d [%d, +%d): %w", n.nsid, off+int64(done), k, err)
+			}
+			n.c.ctr.writes.Add(1)
+			n.c.observe(opWrite, time.Since(start))
+			return nil
+		})
+		if err != nil {
+			return done, err
+		}
+		done += k
+	}
+	return done, nil
+}
+
+// Flush makes every completed write durable.
+func (n *Namespace) Flush() error {
+	ctx := context.Background()
+	return n.c.do(ctx, func(s *session) error {
+		start := time.Now()
+		if _, err := s.ioQueue(n.c).Submit(ctx, nvme.FlushCommand(n.nsid), nil); err != nil {
+			return fmt.Errorf("initiator: flush namespace %d: %w", n.nsid, err)
+		}
+		n.c.ctr.flushes.Add(1)
+		n.c.observe(opFlush, time.Since(start))
+		return nil
+	})
+}
+
+// Trim deallocates [off, off+length) with Dataset Management; the range
+// reads zeros afterwards.
+func (n *Namespace) Trim(off, length int64) error {
+	if err := n.check("trim", off, length); err != nil {
+		return err
+	}
+	const maxRangeBlocks = 1 << 31 // keep each range well inside 32 bits
+	var ranges []nvme.DSMRange
+	for b, end := uint64(off/BlockSize), uint64((off+length)/BlockSize); b < end; {
+		k := min(end-b, maxRangeBlocks)
+		ranges = append(ranges, nvme.DSMRange{SLBA: b, Blocks: uint32(k)})
+		b += k
+	}
+	ctx := context.Background()
+	for len(ranges) > 0 {
+		batch := ranges[:min(len(ranges), nvme.MaxDSMRanges)]
+		ranges = ranges[len(batch):]
+		data, err := nvme.MarshalDSMRanges(batch)
+		if err != nil {
+			return err
+		}
+		err = n.c.do(ctx, func(s *session) error {
+			start := time.Now()
+			cmd, err := nvme.DeallocateCommand(n.nsid, len(batch), nvme.NullSGL())
+			if err != nil {
+				return err
+			}
+			if _, err := s.ioQueue(n.c).Submit(ctx, cmd, data); err != nil {
+				return fmt.Errorf("initiator: trim namespace %d: %w", n.nsid, err)
+			}
+			n.c.ctr.trims.Add(1)
+			n.c.observe(opTrim, time.Since(start))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteZeroes makes [off, off+length) read zeros (Write Zeroes with
+// deallocate).
+func (n *Namespace) WriteZeroes(off, length int64) error {
+	if err := n.check("write zeroes", off, length); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	for b, end := uint64(off/BlockSize), uint64((off+length)/BlockSize); b < end; {
+		k := min(end-b, nvme.MaxBlocksPerCommand)
+		err := n.c.do(ctx, func(s *session) error {
+			start := time.Now()
+			cmd, err := nvme.WriteZeroesCommand(n.nsid, b, uint32(k), nvme.Deallocate)
+			if err != nil {
+				return err
+			}
+			if _, err := s.ioQueue(n.c).Submit(ctx, cmd, nil); err != nil {
+				return fmt.Errorf("initiator: write zeroes namespace %d: %w", n.nsid, err)
+			}
+			n.c.ctr.writeZeroes.Add(1)
+			n.c.observe(opWriteZeroes, time.Since(start))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		b += k
+	}
+	return nil
+}
+
+// Advise asks the target to prefetch [off, off+length) (NP Advise).
+func (n *Namespace) Advise(ctx context.Context, off, length int64) error {
+	if err := n.check("advise", off, length); err != nil {
+		return err
+	}
+	return n.c.do(ctx, func(s *session) error {
+		cmd, err := nvme.NPAdviseCommand(n.nsid, uint64(off/BlockSize), uint64(length/BlockSize))
+		if err != nil {
+			return err
+		}
+		_, err = s.ioQueue(n.c).Submit(ctx, cmd, nil)
+		return err
+	})
+}

@@ -1,0 +1,364 @@
+package target
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nvme"
+	"github.com/nprdma/nprdma/nvme/fabric"
+)
+
+// queueConn is a queue accepted by the listener; Connect binds it to a
+// controller.
+type queueConn struct {
+	t     *Target
+	q     *fabric.ControllerQueue
+	admin bool
+	ctrl  atomic.Pointer[controller]
+}
+
+// watch forgets the queue once it is gone and, for an admin queue, tears
+// its controller down: the host lost the controller with it.
+func (qc *queueConn) watch() {
+	<-qc.q.Done()
+	t := qc.t
+	t.mu.Lock()
+	delete(t.queues, qc)
+	t.mu.Unlock()
+	if t.met != nil {
+		t.met.connections.Dec()
+	}
+	if c := qc.ctrl.Load(); c != nil {
+		if qc.admin {
+			c.teardown("admin queue lost: " + errString(qc.q.Err()))
+		} else {
+			c.dropIOQueue(qc)
+		}
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "closed"
+	}
+	return err.Error()
+}
+
+// handle is the queue's Handler: it runs on the receive loop, so every
+// command executes on a goroutine of its own (a fault or a flush must not
+// hold up the commands behind it); the host bounds them by its queue depth.
+func (qc *queueConn) handle(r *fabric.Request) {
+	t := qc.t
+	if t.draining.Load() {
+		r.Fail(nvme.Errorf(nvme.StatusAbortedSQDeleted, "target shutting down"))
+		return
+	}
+	t.inflight.Add(1)
+	go func() {
+		defer t.inflight.Done()
+		start := time.Now()
+		name, st := qc.execute(r)
+		if t.met != nil && name != "" {
+			t.met.observe(name, st, time.Since(start))
+		}
+	}()
+}
+
+// execute runs one command and returns its metric name and status
+// ("" for a parked command, completed later).
+func (qc *queueConn) execute(r *fabric.Request) (string, nvme.Status) {
+	cmd := &r.Cmd
+	name := cmd.Name(qc.admin)
+	c := qc.ctrl.Load()
+	if c == nil {
+		if cmd.IsFabrics() && cmd.FabricsType() == nvme.FabricsConnect {
+			return name, complete(r, qc.connect(r))
+		}
+		// Nothing but Connect on a queue that is not connected (nvmet).
+		return name, complete(r, result{err: nvme.Errorf(nvme.StatusInvalidOpcode.WithDNR(), "queue %d not connected: %s before Connect", qc.q.QID(), name)})
+	}
+	if cmd.IsFabrics() && cmd.FabricsType() == nvme.FabricsConnect {
+		return name, complete(r, result{err: nvme.Errorf(nvme.StatusInvalidOpcode.WithDNR(), "queue %d is connected already", qc.q.QID())})
+	}
+	if qc.admin {
+		res := c.admin(r)
+		if res.parked {
+			return "", 0
+		}
+		return name, complete(r, res)
+	}
+	return name, complete(r, c.io(r))
+}
+
+// result is a command's outcome.
+type result struct {
+	err      error
+	dw0, dw1 uint32
+	parked   bool // an AER: completed later
+}
+
+func complete(r *fabric.Request, res result) nvme.Status {
+	c := nvme.Completion{DW0: res.dw0, DW1: res.dw1}
+	if res.err != nil {
+		c.SetError(res.err)
+	}
+	r.Complete(c)
+	return c.Status
+}
+
+// controller is one host's association with a subsystem (or with the
+// discovery service): an admin queue, I/O queues, its state, and its
+// registrations of the namespaces' regions.
+type controller struct {
+	t         *Target
+	sub       *Subsystem // nil for a discovery controller
+	id        uint16
+	hostNQN   string
+	hostID    nvme.UUID
+	tag       uint64 // access tag of its queue pairs and region MRs
+	adminConn *queueConn
+
+	mu       sync.Mutex
+	cc       nvme.CC
+	csts     nvme.CSTS
+	kato     time.Duration
+	kaTimer  *time.Timer
+	ioGrant  int // I/O queues granted (Number of Queues)
+	ioQueues map[uint16]*queueConn
+	mrs      map[uint32]*nprdma.MR
+	aers     []*fabric.Request
+	aec      uint32
+	vwc      bool
+	gone     bool
+}
+
+func (c *controller) subNQN() string {
+	if c.sub == nil {
+		return nvme.DiscoveryNQN
+	}
+	return c.sub.nqn
+}
+
+func (c *controller) discovery() bool { return c.sub == nil }
+
+// connect executes Fabrics Connect on an unconnected queue.
+func (qc *queueConn) connect(r *fabric.Request) result {
+	t := qc.t
+	p := r.Cmd.Connect()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	raw, err := r.HostData(ctx)
+	if err != nil {
+		return result{err: err}
+	}
+	var d nvme.ConnectData
+	if err := d.Unmarshal(raw); err != nil {
+		return result{err: err}
+	}
+	switch {
+	case p.RECFMT != 0:
+		return result{err: nvme.Errorf(nvme.StatusConnectIncompatibleFormat.WithDNR(), "connect RECFMT %d", p.RECFMT)}
+	case p.QID != qc.q.QID():
+		return result{err: nvme.ConnectInvalidParameter(false, nvme.ConnectOffsetQID, "connect QID %d on queue %d", p.QID, qc.q.QID())}
+	case p.SQSIZE == 0 || p.QueueEntries() > qc.q.Entries():
+		return result{err: nvme.ConnectInvalidParameter(false, nvme.ConnectOffsetSQSIZE, "connect SQSIZE %d: the queue holds %d entries", p.SQSIZE, qc.q.Entries())}
+	}
+	if err := nvme.ValidateNQN(d.HostNQN); err != nil {
+		return result{err: nvme.ConnectInvalidParameter(true, nvme.ConnectDataOffsetHostNQN, "host NQN %q: %v", d.HostNQN, err)}
+	}
+	var sub *Subsystem
+	if d.SubNQN != nvme.DiscoveryNQN {
+		if sub = t.Subsystem(d.SubNQN); sub == nil {
+			return result{err: nvme.ConnectInvalidParameter(true, nvme.ConnectDataOffsetSubNQN, "subsystem %q unknown", d.SubNQN)}
+		}
+		if !sub.Allows(d.HostNQN) {
+			t.log.Warn("target: host refused: not on the subsystem's allow-list", "host", d.HostNQN, "subsystem", sub.nqn, "from", qc.q.RemoteAddr())
+			if t.met != nil {
+				t.met.refused.Inc()
+			}
+			return result{err: nvme.Errorf(nvme.StatusConnectInvalidHost.WithDNR(), "host %s may not access %s", d.HostNQN, sub.nqn)}
+		}
+	}
+	if p.QID == 0 {
+		return qc.connectAdmin(p, d, sub)
+	}
+	return qc.connectIO(p, d, sub)
+}
+
+func (qc *queueConn) connectAdmin(p nvme.ConnectParams, d nvme.ConnectData, sub *Subsystem) result {
+	t := qc.t
+	if d.CNTLID != nvme.DynamicControllerID {
+		return result{err: nvme.ConnectInvalidParameter(true, nvme.ConnectDataOffsetCNTLID, "admin connect with CNTLID %#x: this target allocates controllers dynamically (0xffff)", d.CNTLID)}
+	}
+	kato := nvme.KeepAliveTimeout(p.KATO)
+	if kato > t.cfg.maxKATO {
+		kato = t.cfg.maxKATO
+	}
+	c := &controller{t: t, sub: sub, hostNQN: d.HostNQN, hostID: d.HostID, adminConn: qc, kato: kato,
+		ioQueues: map[uint16]*queueConn{}, mrs: map[uint32]*nprdma.MR{}, vwc: true,
+		tag: t.tags.Add(1)}
+	if err := t.allocController(c); err != nil {
+		return result{err: err}
+	}
+	qc.q.QP().SetAccessTag(c.tag)
+	qc.ctrl.Store(c)
+	c.mu.Lock()
+	c.armKeepAliveLocked()
+	c.mu.Unlock()
+	t.log.Info("target: controller created", "cntlid", c.id, "subsystem", c.subNQN(), "host", c.hostNQN,
+		"from", qc.q.RemoteAddr(), "kato", kato)
+	// The host may have gone already (its queue pair failed before we bound
+	// the queue to the controller): then nothing else would tear it down.
+	select {
+	case <-qc.q.Done():
+		c.teardown("admin queue lost during connect")
+	default:
+	}
+	return result{dw0: nvme.ConnectResponse{CNTLID: c.id}.DW0()}
+}
+
+func (qc *queueConn) connectIO(p nvme.ConnectParams, d nvme.ConnectData, sub *Subsystem) result {
+	t := qc.t
+	t.mu.Lock()
+	c := t.ctrls[d.CNTLID]
+	t.mu.Unlock()
+	if c == nil || c.sub != sub || c.hostNQN != d.HostNQN || sub == nil {
+		return result{err: nvme.ConnectInvalidParameter(true, nvme.ConnectDataOffsetCNTLID, "no controller %d of %s for host %s", d.CNTLID, d.SubNQN, d.HostNQN)}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.gone:
+		return result{err: nvme.ConnectInvalidParameter(true, nvme.ConnectDataOffsetCNTLID, "controller %d is gone", d.CNTLID)}
+	case !c.csts.RDY:
+		return result{err: nvme.Errorf(nvme.StatusCommandSequenceError.WithDNR(), "controller %d is not enabled", c.id)}
+	case int(p.QID) > c.ioGrant:
+		return result{err: nvme.ConnectInvalidParameter(false, nvme.ConnectOffsetQID, "queue %d beyond the %d I/O queues granted", p.QID, c.ioGrant)}
+	case c.ioQueues[p.QID] != nil:
+		return result{err: nvme.Errorf(nvme.StatusCommandSequenceError.WithDNR(), "queue %d of controller %d is connected already", p.QID, c.id)}
+	}
+	c.ioQueues[p.QID] = qc
+	qc.q.QP().SetAccessTag(c.tag)
+	qc.ctrl.Store(c)
+	return result{dw0: nvme.ConnectResponse{CNTLID: c.id}.DW0()}
+}
+
+// armKeepAliveLocked (re)starts the keep-alive timer.
+func (c *controller) armKeepAliveLocked() {
+	if c.kato <= 0 || c.gone {
+		return
+	}
+	if c.kaTimer == nil {
+		c.kaTimer = time.AfterFunc(c.kato, c.keepAliveExpired)
+		return
+	}
+	c.kaTimer.Reset(c.kato)
+}
+
+func (c *controller) keepAliveExpired() {
+	if c.t.met != nil {
+		c.t.met.kaExpired.Inc()
+	}
+	c.teardown(fmt.Sprintf("keep-alive timeout (%v) expired", c.kato))
+}
+
+// teardown ends the controller: its queues are closed first (so no queue
+// pair can use its rkeys any more), then its region registrations are
+// revoked. The memory stays mapped: it is the namespace's.
+func (c *controller) teardown(why string) {
+	c.mu.Lock()
+	if c.gone {
+		c.mu.Unlock()
+		return
+	}
+	c.gone = true
+	if c.kaTimer != nil {
+		c.kaTimer.Stop()
+	}
+	qs := []*queueConn{c.adminConn}
+	for _, q := range c.ioQueues {
+		qs = append(qs, q)
+	}
+	c.ioQueues = map[uint16]*queueConn{}
+	mrs := c.mrs
+	c.mrs = map[uint32]*nprdma.MR{}
+	aers := c.aers
+	c.aers = nil
+	c.mu.Unlock()
+	for _, r := range aers {
+		r.Fail(nvme.Errorf(nvme.StatusAbortedSQDeleted, "controller %d torn down", c.id))
+	}
+	for _, q := range qs {
+		q.q.Close()
+	}
+	for _, mr := range mrs {
+		mr.Deregister()
+	}
+	c.t.removeController(c)
+	c.t.log.Info("target: controller torn down", "cntlid", c.id, "subsystem", c.subNQN(), "host", c.hostNQN, "why", why)
+}
+
+func (c *controller) dropIOQueue(qc *queueConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, q := range c.ioQueues {
+		if q == qc {
+			delete(c.ioQueues, id)
+		}
+	}
+}
+
+// resetLocked is CC.EN going from 1 to 0: the I/O queues go away and the
+// rkeys handed out are revoked.
+func (c *controller) reset() {
+	c.mu.Lock()
+	qs := make([]*queueConn, 0, len(c.ioQueues))
+	for _, q := range c.ioQueues {
+		qs = append(qs, q)
+	}
+	c.ioQueues = map[uint16]*queueConn{}
+	mrs := c.mrs
+	c.mrs = map[uint32]*nprdma.MR{}
+	c.csts.RDY = false
+	c.mu.Unlock()
+	for _, q := range qs {
+		q.q.Close()
+	}
+	for _, mr := range mrs {
+		mr.Deregister()
+	}
+}
+
+func (c *controller) abortAERs() {
+	c.mu.Lock()
+	aers := c.aers
+	c.aers = nil
+	c.mu.Unlock()
+	for _, r := range aers {
+		r.Fail(nvme.Errorf(nvme.StatusAbortedSQDeleted, "target shutting down"))
+	}
+}
+
+// regionMR returns the controller's registration of namespace n, creating
+// it on first use: per controller, so that its rkey works only on this
+// controller's queue pairs and dies with the controller.
+func (c *controller) regionMR(n *Namespace) (*nprdma.MR, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gone {
+		return nil, fmt.Errorf("controller %d is gone", c.id)
+	}
+	if mr := c.mrs[n.nsid]; mr != nil {
+		return mr, nil
+	}
+	mr, err := n.register(c.t.pd, c.tag)
+	if err != nil {
+		return nil, err
+	}
+	c.mrs[n.nsid] = mr
+	return mr, nil
+}

@@ -1,0 +1,62 @@
+package target
+
+import (
+	"time"
+
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nvme"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the target's Prometheus series (nprdma_target_*), with the
+// fabric's collector on the same registry.
+type metrics struct {
+	commands    *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+	controllers prometheus.Gauge
+	connections prometheus.Gauge
+	refused     prometheus.Counter
+	kaExpired   prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
+	m := &metrics{
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nprdma_target_commands_total",
+			Help: "Commands completed, by command and status.",
+		}, []string{"opcode", "status"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "nprdma_target_command_latency_seconds",
+			Help:    "Time from a command's arrival to its completion being posted, by command.",
+			Buckets: prometheus.ExponentialBuckets(2e-6, 2, 22),
+		}, []string{"opcode"}),
+		controllers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nprdma_target_controllers", Help: "Controllers alive (I/O and discovery).",
+		}),
+		connections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nprdma_target_connections", Help: "Queues (queue pairs) connected.",
+		}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nprdma_target_hosts_refused_total", Help: "Connects refused because the host is not allowed.",
+		}),
+		kaExpired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nprdma_target_keepalive_expired_total", Help: "Controllers torn down by their keep-alive timeout.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.commands, m.latency, m.controllers, m.connections, m.refused, m.kaExpired,
+		nprdma.NewPrometheusCollector(t.dev, t.pool)} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) observe(opcode string, st nvme.Status, d time.Duration) {
+	name := st.Code().Name()
+	if name == "" {
+		name = "unknown"
+	}
+	m.commands.WithLabelValues(opcode, name).Inc()
+	m.latency.WithLabelValues(opcode).Observe(d.Seconds())
+}

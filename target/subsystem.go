@@ -1,0 +1,401 @@
+package target
+
+import (
+	"crypto/rand"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nprdma/nprdma/blockdev"
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nvme"
+	"github.com/nprdma/nprdma/swap"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// SubsystemConfig describes a subsystem.
+type SubsystemConfig struct {
+	// NQN names the subsystem (nvme.ValidateNQN).
+	NQN string
+	// AllowHosts lists the host NQNs that may connect. Hosts not listed
+	// are refused at Connect (deny by default).
+	AllowHosts []string
+	// AllowAnyHost admits every host.
+	AllowAnyHost bool
+}
+
+// Subsystem is an NVM subsystem: namespaces and the hosts allowed to use
+// them.
+type Subsystem struct {
+	t      *Target
+	nqn    string
+	serial string
+
+	mu       sync.Mutex
+	hosts    map[string]bool
+	allowAny bool
+	ns       map[uint32]*Namespace
+}
+
+// AddSubsystem creates a subsystem. Its serial number and (when a data
+// directory is used) its host list are kept in the metadata store; the
+// hosts given here are added to those recorded.
+func (t *Target) AddSubsystem(cfg SubsystemConfig) (*Subsystem, error) {
+	if err := nvme.ValidateNQN(cfg.NQN); err != nil {
+		return nil, fmt.Errorf("target: subsystem %q: %w", cfg.NQN, err)
+	}
+	if cfg.NQN == nvme.DiscoveryNQN {
+		return nil, fmt.Errorf("target: subsystem %q: the discovery NQN is reserved", cfg.NQN)
+	}
+	for _, h := range cfg.AllowHosts {
+		if err := nvme.ValidateNQN(h); err != nil {
+			return nil, fmt.Errorf("target: subsystem %s: allowed host %q: %w", cfg.NQN, h, err)
+		}
+	}
+	s := &Subsystem{t: t, nqn: cfg.NQN, hosts: map[string]bool{}, allowAny: cfg.AllowAnyHost, ns: map[uint32]*Namespace{}}
+	rec := subsystemRecord{NQN: cfg.NQN, Created: time.Now().UTC()}
+	if t.meta != nil {
+		old, ok, err := t.meta.subsystem(cfg.NQN)
+		if err != nil {
+			return nil, fmt.Errorf("target: subsystem %s: %w", cfg.NQN, err)
+		}
+		if ok {
+			rec = old
+		}
+	}
+	if rec.Serial == "" {
+		rec.Serial = newSerial()
+	}
+	for _, h := range rec.Hosts {
+		s.hosts[h] = true
+	}
+	for _, h := range cfg.AllowHosts {
+		if !s.hosts[h] {
+			s.hosts[h] = true
+			rec.Hosts = append(rec.Hosts, h)
+		}
+	}
+	rec.AllowAnyHost = cfg.AllowAnyHost
+	s.serial = rec.Serial
+	if t.meta != nil {
+		if err := t.meta.putSubsystem(rec); err != nil {
+			return nil, fmt.Errorf("target: subsystem %s: %w", cfg.NQN, err)
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, dup := t.subs[cfg.NQN]; dup {
+		return nil, fmt.Errorf("target: subsystem %s exists already", cfg.NQN)
+	}
+	t.subs[cfg.NQN] = s
+	t.genCtr.Add(1)
+	return s, nil
+}
+
+// newSerial draws a 20-character serial number (hex).
+func newSerial() string {
+	var b [10]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%x", b[:])
+}
+
+// NQN is the subsystem's name.
+func (s *Subsystem) NQN() string { return s.nqn }
+
+// Serial is the subsystem's serial number (Identify Controller SN).
+func (s *Subsystem) Serial() string { return s.serial }
+
+// Hosts lists the allowed host NQNs.
+func (s *Subsystem) Hosts() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for h := range s.hosts {
+		out = append(out, h)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// AllowsAnyHost reports whether every host is admitted.
+func (s *Subsystem) AllowsAnyHost() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.allowAny
+}
+
+// Allows reports whether host may connect.
+func (s *Subsystem) Allows(host string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.allowAny || s.hosts[host]
+}
+
+// AllowHost adds host to the allow-list (and to the metadata store).
+func (s *Subsystem) AllowHost(host string) error {
+	if err := nvme.ValidateNQN(host); err != nil {
+		return fmt.Errorf("target: subsystem %s: host %q: %w", s.nqn, host, err)
+	}
+	s.mu.Lock()
+	s.hosts[host] = true
+	s.mu.Unlock()
+	s.t.genCtr.Add(1)
+	return s.persist()
+}
+
+func (s *Subsystem) persist() error {
+	if s.t.meta == nil {
+		return nil
+	}
+	rec, ok, err := s.t.meta.subsystem(s.nqn)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		rec = subsystemRecord{NQN: s.nqn, Serial: s.serial, Created: time.Now().UTC()}
+	}
+	rec.Hosts = s.Hosts()
+	rec.AllowAnyHost = s.AllowsAnyHost()
+	return s.t.meta.putSubsystem(rec)
+}
+
+// Namespaces lists the namespaces by NSID.
+func (s *Subsystem) Namespaces() []*Namespace {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Namespace, 0, len(s.ns))
+	for _, n := range s.ns {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].nsid < out[j].nsid })
+	return out
+}
+
+// Namespace returns namespace nsid, or nil.
+func (s *Subsystem) Namespace(nsid uint32) *Namespace {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ns[nsid]
+}
+
+func (s *Subsystem) activeNSIDs() []uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]uint32, 0, len(s.ns))
+	for id := range s.ns {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func (s *Subsystem) maxNSID() uint32 {
+	var m uint32
+	for _, id := range s.activeNSIDs() {
+		m = max(m, id)
+	}
+	return m
+}
+
+// NamespaceConfig describes a namespace.
+type NamespaceConfig struct {
+	// NSID is the namespace ID (1..0xFFFFFFFE); 0 takes the next free one.
+	NSID uint32
+	// Backing is the device that holds the data; the target owns it from
+	// here on and closes it.
+	Backing blockdev.Device
+	// Budget is the DRAM the namespace's region may keep resident, in bytes
+	// (0: swap's default, a quarter of the namespace).
+	Budget int64
+	// SwapOptions are passed to swap.New after the target's own.
+	SwapOptions []swap.Option
+}
+
+// Namespace is a namespace of a subsystem: a region over a backing device.
+type Namespace struct {
+	sub     *Subsystem
+	nsid    uint32
+	dev     blockdev.Device
+	store   store
+	region  *swap.Region // nil for a pinned namespace
+	pinned  *pinnedStore
+	pinMR   *nprdma.MR // the up-front pinned registration (baseline mode)
+	nguid   [16]byte
+	uuid    nvme.UUID
+	created time.Time
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// AddNamespace creates a namespace over cfg.Backing. Its identity (NGUID,
+// UUID) comes from the metadata store when the same backing (path and
+// size) had it before under the same NSID; otherwise it is drawn afresh
+// and recorded.
+func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
+	t := s.t
+	if cfg.Backing == nil {
+		return nil, fmt.Errorf("target: subsystem %s: namespace without a backing device", s.nqn)
+	}
+	size := cfg.Backing.Size() / BlockSize * BlockSize
+	if size < 16*BlockSize {
+		return nil, fmt.Errorf("target: subsystem %s: backing %s of %d bytes is too small (at least %d)", s.nqn, cfg.Backing.Path(), cfg.Backing.Size(), 16*BlockSize)
+	}
+	s.mu.Lock()
+	nsid := cfg.NSID
+	if nsid == 0 {
+		nsid = 1
+		for s.ns[nsid] != nil {
+			nsid++
+		}
+	}
+	if nsid == 0 || nsid == nvme.BroadcastNSID {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("target: subsystem %s: NSID %#x is not usable", s.nqn, nsid)
+	}
+	if s.ns[nsid] != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("target: subsystem %s: namespace %d exists already", s.nqn, nsid)
+	}
+	s.ns[nsid] = nil // reserved while it is built
+	s.mu.Unlock()
+	fail := func(err error) (*Namespace, error) {
+		s.mu.Lock()
+		delete(s.ns, nsid)
+		s.mu.Unlock()
+		return nil, fmt.Errorf("target: subsystem %s namespace %d on %s: %w", s.nqn, nsid, cfg.Backing.Path(), err)
+	}
+
+	n := &Namespace{sub: s, nsid: nsid, dev: cfg.Backing}
+	var rec namespaceRecord
+	found := false
+	if t.meta != nil {
+		var err error
+		if rec, found, err = t.meta.namespace(s.nqn, nsid); err != nil {
+			return fail(err)
+		}
+		if found && (rec.Backing != cfg.Backing.Path() || rec.Size != size) {
+			t.log.Warn("target: namespace backing changed: new identity", "subsystem", s.nqn, "nsid", nsid,
+				"was", rec.Backing, "was_size", rec.Size, "now", cfg.Backing.Path(), "now_size", size)
+			found = false
+		}
+	}
+	if !found {
+		rec = namespaceRecord{SubNQN: s.nqn, NSID: nsid, Backing: cfg.Backing.Path(), Size: size, Created: time.Now().UTC()}
+		rand.Read(rec.NGUID[:])
+		rec.UUID = nvme.NewUUID()
+		if t.meta != nil {
+			if err := t.meta.putNamespace(rec); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	n.nguid, n.uuid, n.created = rec.NGUID, nvme.UUID(rec.UUID), rec.Created
+
+	if t.cfg.pinned {
+		ps, err := newPinnedStore(cfg.Backing, size)
+		if err != nil {
+			return fail(err)
+		}
+		// The conventional registration: pin everything now.
+		mr, err := t.pd.Register(ps.mem, nprdma.AccessRemoteRead)
+		if err != nil {
+			ps.release()
+			return fail(err)
+		}
+		n.pinned, n.store, n.pinMR = ps, ps, mr
+		s.mu.Lock()
+		s.ns[nsid] = n
+		s.mu.Unlock()
+		t.genCtr.Add(1)
+		return n, nil
+	}
+	opts := []swap.Option{swap.WithSize(size), swap.WithLogger(t.log)}
+	if cfg.Budget > 0 {
+		opts = append(opts, swap.WithBudget(cfg.Budget))
+	}
+	if t.cfg.reg != nil {
+		obs, err := swap.NewPrometheusObserver(t.cfg.reg, prometheus.Labels{"subsystem": s.nqn, "nsid": strconv.FormatUint(uint64(nsid), 10)})
+		if err != nil {
+			return fail(err)
+		}
+		opts = append(opts, swap.WithObserver(obs))
+	}
+	opts = append(opts, cfg.SwapOptions...)
+	region, err := swap.New(cfg.Backing, opts...)
+	if err != nil {
+		// The NIC engine reads the region only under the seqlock, never an
+		// absent page, so userfaultfd is a backstop here, not a need: a
+		// kernel or device without it still serves.
+		var err2 error
+		if region, err2 = swap.New(cfg.Backing, append(opts, swap.WithoutUserfaultfd())...); err2 != nil {
+			return fail(err)
+		}
+		t.log.Warn("target: namespace region without userfaultfd", "subsystem", s.nqn, "nsid", nsid, "err", err)
+	}
+	n.region, n.store = region, region
+	s.mu.Lock()
+	s.ns[nsid] = n
+	s.mu.Unlock()
+	t.genCtr.Add(1)
+	return n, nil
+}
+
+// NSID is the namespace ID.
+func (n *Namespace) NSID() uint32 { return n.nsid }
+
+// Size is the namespace size in bytes.
+func (n *Namespace) Size() int64 { return n.store.Size() }
+
+// Blocks is the namespace size in logical blocks.
+func (n *Namespace) Blocks() uint64 { return uint64(n.store.Size()) / BlockSize }
+
+// NGUID is the namespace's globally unique identifier.
+func (n *Namespace) NGUID() [16]byte { return n.nguid }
+
+// UUID is the namespace's UUID.
+func (n *Namespace) UUID() nvme.UUID { return n.uuid }
+
+// Backing names the backing device.
+func (n *Namespace) Backing() string { return n.dev.Path() }
+
+// Region is the namespace's memory region (nil for a pinned namespace).
+func (n *Namespace) Region() *swap.Region { return n.region }
+
+// Pinned reports whether the namespace is held pinned (baseline mode).
+func (n *Namespace) Pinned() bool { return n.pinned != nil }
+
+// register registers the region for remote reads, unpinned (O(1)), for
+// the queue pairs carrying tag only.
+func (n *Namespace) register(pd *nprdma.PD, tag uint64) (*nprdma.MR, error) {
+	if n.pinned != nil {
+		// Already locked by the up-front registration: no new faulting.
+		return pd.Register(n.pinned.mem, nprdma.AccessRemoteRead, nprdma.WithAccessTag(tag))
+	}
+	return pd.RegisterUnpinned(n.region, nprdma.AccessRemoteRead, nprdma.WithAccessTag(tag))
+}
+
+// close flushes and closes the region, then the backing device. Every
+// region MR must be deregistered and the queue pairs closed before.
+func (n *Namespace) close() error {
+	n.closeOnce.Do(func() {
+		err := n.store.Close()
+		if n.pinned != nil {
+			n.pinMR.Deregister()
+			n.pinned.release()
+		}
+		if cerr := n.dev.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			n.closeErr = fmt.Errorf("target: namespace %d of %s: %w", n.nsid, n.sub.nqn, err)
+		}
+	})
+	return n.closeErr
+}
+
+// Flush makes every completed write to the namespace durable.
+func (n *Namespace) Flush() error { return n.store.Flush() }

@@ -1,0 +1,479 @@
+// Package target is the nprdma storage target: subsystems (NQN) hold
+// namespaces (NSID, a backing device, a swap.Region over it registered for
+// remote reads without pinning), hosts connect controllers to them over
+// the nvme/fabric binding, and the NVMe admin and I/O command sets are
+// served on top. Initiators read namespaces one-sidedly through the region
+// descriptor of the NP extension; everything else is a command.
+//
+// docs/target.md describes the model, the commands and the design choices.
+package target
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/nvme"
+	"github.com/nprdma/nprdma/nvme/fabric"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Defaults of the target's limits.
+const (
+	DefaultListen           = "127.0.0.1:4420"
+	DefaultMaxControllers   = 64
+	DefaultMaxIOQueues      = 64
+	DefaultQueueDepth       = 128
+	DefaultMaxKeepAlive     = 5 * time.Minute
+	DefaultInCapsuleData    = fabric.DefaultInCapsuleData
+	DefaultMaxTransferBytes = fabric.MaxTransfer
+	// BlockSize is the LBA size of every namespace: the page size of the
+	// region, so that one block is one page of residency.
+	BlockSize = 4096
+)
+
+// Option configures a Target.
+type Option func(*config)
+
+type config struct {
+	provider       nprdma.Provider
+	listen         string
+	dataDir        string
+	reg            prometheus.Registerer
+	log            *slog.Logger
+	maxKATO        time.Duration
+	maxControllers int
+	maxIOQueues    int
+	queueDepth     int
+	maxTransfer    int
+	icd            int
+	qpTimeout      time.Duration
+	pinned         bool
+	busyPoll       time.Duration
+}
+
+// WithProvider sets the nprdma provider (default nprdma/tcp).
+func WithProvider(p nprdma.Provider) Option { return func(c *config) { c.provider = p } }
+
+// WithListen sets the address hosts connect to (default DefaultListen).
+func WithListen(addr string) Option { return func(c *config) { c.listen = addr } }
+
+// WithDataDir keeps the durable metadata (namespace identity, host lists,
+// the clean-shutdown marker) in a badger store in dir. Without it identities
+// are drawn afresh at every start.
+func WithDataDir(dir string) Option { return func(c *config) { c.dataDir = dir } }
+
+// WithMetrics registers the target's metrics (nprdma_target_*, the swap
+// observers' nprdma_swap_* and the fabric's nprdma_fabric_*) on reg.
+func WithMetrics(reg prometheus.Registerer) Option { return func(c *config) { c.reg = reg } }
+
+// WithLogger sets where the target logs (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
+
+// WithKeepAliveTimeout caps the keep-alive timeout a host may ask for
+// (default DefaultMaxKeepAlive); a controller that hears nothing for its
+// timeout is torn down.
+func WithKeepAliveTimeout(max time.Duration) Option { return func(c *config) { c.maxKATO = max } }
+
+// WithMaxControllers bounds the controllers alive at once.
+func WithMaxControllers(n int) Option { return func(c *config) { c.maxControllers = n } }
+
+// WithMaxIOQueues bounds the I/O queues of one controller.
+func WithMaxIOQueues(n int) Option { return func(c *config) { c.maxIOQueues = n } }
+
+// WithQueueDepth bounds the entries of an I/O queue (CAP.MQES+1).
+func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } }
+
+// WithMaxTransfer sets the largest transfer of one command (MDTS), at most
+// fabric.MaxTransfer.
+func WithMaxTransfer(n int) Option { return func(c *config) { c.maxTransfer = n } }
+
+// WithPinnedNamespaces selects the baseline mode: every namespace is loaded
+// wholly into DRAM and registered pinned, like a conventional RDMA target
+// (for comparisons; the namespaces must fit in memory).
+func WithPinnedNamespaces(on bool) Option { return func(c *config) { c.pinned = on } }
+
+// WithBusyPoll makes every queue's receive loop spin up to d for the next
+// command before parking: it saves the wake-up of the loop per command (tens
+// of microseconds across vCPUs here) and costs a CPU while commands flow.
+func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }
+
+// WithQPTimeout sets the queue pairs' peer-silence timeout.
+func WithQPTimeout(d time.Duration) Option { return func(c *config) { c.qpTimeout = d } }
+
+// Target serves subsystems over the nprdma fabric.
+type Target struct {
+	cfg  config
+	log  *slog.Logger
+	dev  *nprdma.Device
+	pd   *nprdma.PD
+	meta *metaStore
+	met  *metrics
+	pool *nprdma.BufferPool
+
+	wasClean bool
+
+	mu        sync.Mutex
+	subs      map[string]*Subsystem
+	ctrls     map[uint16]*controller
+	nextCNTL  uint16
+	queues    map[*queueConn]struct{}
+	ln        *fabric.Listener
+	started   bool
+	closed    bool
+	acceptCtx context.CancelFunc
+	acceptWG  sync.WaitGroup
+
+	draining atomic.Bool
+	inflight sync.WaitGroup // commands executing (not parked AERs)
+	tags     atomic.Uint64
+	genCtr   atomic.Uint64 // discovery log generation
+}
+
+// New creates a target. Add subsystems and namespaces, then Start it.
+func New(opts ...Option) (*Target, error) {
+	cfg := config{
+		listen:         DefaultListen,
+		log:            slog.Default(),
+		maxKATO:        DefaultMaxKeepAlive,
+		maxControllers: DefaultMaxControllers,
+		maxIOQueues:    DefaultMaxIOQueues,
+		queueDepth:     DefaultQueueDepth,
+		maxTransfer:    DefaultMaxTransferBytes,
+		icd:            DefaultInCapsuleData,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.provider == nil {
+		cfg.provider = tcp.New()
+	}
+	if cfg.maxTransfer < 2*BlockSize || cfg.maxTransfer > fabric.MaxTransfer {
+		return nil, fmt.Errorf("target: max transfer %d outside [%d, %d]", cfg.maxTransfer, 2*BlockSize, fabric.MaxTransfer)
+	}
+	if cfg.queueDepth < 2 || cfg.queueDepth > 4096 {
+		return nil, fmt.Errorf("target: queue depth %d outside [2, 4096]", cfg.queueDepth)
+	}
+	t := &Target{cfg: cfg, log: cfg.log, subs: map[string]*Subsystem{}, ctrls: map[uint16]*controller{},
+		queues: map[*queueConn]struct{}{}, nextCNTL: 1}
+	// The namespace regions are registered unpinned; only the baseline
+	// mode pins (its namespaces and the data pool).
+	t.dev = nprdma.NewDevice(cfg.provider, nprdma.WithName("target"), nprdma.WithPinning(cfg.pinned))
+	t.pd = t.dev.AllocPD()
+	pool, err := nprdma.NewBufferPool(t.pd, nprdma.AccessLocalWrite)
+	if err != nil {
+		t.dev.Close()
+		return nil, fmt.Errorf("target: %w", err)
+	}
+	t.pool = pool
+	if cfg.dataDir != "" {
+		if t.meta, err = openMeta(cfg.dataDir, t.log); err != nil {
+			t.dev.Close()
+			return nil, fmt.Errorf("target: %w", err)
+		}
+		if t.wasClean, err = t.meta.markRunning(); err != nil {
+			t.meta.close()
+			t.dev.Close()
+			return nil, fmt.Errorf("target: %w", err)
+		}
+	}
+	if cfg.reg != nil {
+		if t.met, err = newMetrics(cfg.reg, t); err != nil {
+			t.closeMeta()
+			t.dev.Close()
+			return nil, fmt.Errorf("target: metrics: %w", err)
+		}
+	}
+	return t, nil
+}
+
+// PreviousShutdownClean reports whether the previous run with the same data
+// directory ended with a clean shutdown (false after a crash, on a first
+// start, or without a data directory).
+func (t *Target) PreviousShutdownClean() bool { return t.wasClean }
+
+// Device is the target's nprdma device.
+func (t *Target) Device() *nprdma.Device { return t.dev }
+
+// Start listens and serves in the background.
+func (t *Target) Start() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.started || t.closed {
+		return fmt.Errorf("target: already started or closed")
+	}
+	opts := []fabric.ListenOption{
+		fabric.WithQueueEntries(fabric.DefaultAdminQueueEntries, t.cfg.queueDepth),
+		fabric.WithInCapsuleData(t.cfg.icd),
+		fabric.WithMaxQueueID(t.cfg.maxIOQueues),
+		fabric.WithDataPool(t.pool),
+		fabric.WithListenLogger(t.log),
+	}
+	if t.cfg.qpTimeout != 0 {
+		opts = append(opts, fabric.WithControllerQPTimeout(t.cfg.qpTimeout))
+	}
+	if t.cfg.busyPoll > 0 {
+		opts = append(opts, fabric.WithReceiveBusyPoll(t.cfg.busyPoll))
+	}
+	ln, err := fabric.Listen(t.pd, t.cfg.listen, opts...)
+	if err != nil {
+		return fmt.Errorf("target: %w", err)
+	}
+	t.ln = ln
+	t.started = true
+	ctx, cancel := context.WithCancel(context.Background())
+	t.acceptCtx = cancel
+	t.acceptWG.Add(1)
+	go t.acceptLoop(ctx)
+	return nil
+}
+
+// Addr is the address hosts connect to (after Start).
+func (t *Target) Addr() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ln == nil {
+		return ""
+	}
+	return t.ln.Addr()
+}
+
+func (t *Target) acceptLoop(ctx context.Context) {
+	defer t.acceptWG.Done()
+	for {
+		q, err := t.ln.Accept(ctx)
+		if err != nil {
+			return
+		}
+		qc := &queueConn{t: t, q: q, admin: q.QID() == 0}
+		t.mu.Lock()
+		if t.closed || t.draining.Load() {
+			t.mu.Unlock()
+			q.Close()
+			continue
+		}
+		t.queues[qc] = struct{}{}
+		t.mu.Unlock()
+		if t.met != nil {
+			t.met.connections.Inc()
+		}
+		q.Start(qc.handle)
+		go qc.watch()
+	}
+}
+
+// Subsystems lists the subsystems by NQN.
+func (t *Target) Subsystems() []*Subsystem {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	subs := make([]*Subsystem, 0, len(t.subs))
+	for _, s := range t.subs {
+		subs = append(subs, s)
+	}
+	sort.Slice(subs, func(i, j int) bool { return subs[i].nqn < subs[j].nqn })
+	return subs
+}
+
+// Subsystem returns the subsystem nqn, or nil.
+func (t *Target) Subsystem(nqn string) *Subsystem {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.subs[nqn]
+}
+
+// Shutdown stops the target gracefully: it stops accepting connections,
+// answers new commands with "aborted", waits (up to ctx) for the commands
+// executing, closes every queue, flushes and closes every namespace, and
+// records a clean shutdown. A flush error is returned and leaves the
+// shutdown unclean.
+func (t *Target) Shutdown(ctx context.Context) error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.draining.Store(true)
+	ln := t.ln
+	t.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+		t.acceptCtx()
+		t.acceptWG.Wait()
+	}
+	for _, c := range t.controllers() {
+		c.abortAERs()
+	}
+	drained := make(chan struct{})
+	go func() { t.inflight.Wait(); close(drained) }()
+	var err error
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		err = fmt.Errorf("target: shutdown: commands still executing: %w", ctx.Err())
+	}
+	if cerr := t.close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	if err == nil && t.meta != nil {
+		err = t.meta.markClean()
+	}
+	t.closeMeta()
+	return err
+}
+
+// Close stops the target at once (no drain), still flushing the namespaces;
+// the shutdown is not recorded as clean.
+func (t *Target) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.draining.Store(true)
+	ln := t.ln
+	t.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+		t.acceptCtx()
+		t.acceptWG.Wait()
+	}
+	err := t.close()
+	t.closeMeta()
+	return err
+}
+
+func (t *Target) closeMeta() {
+	if t.meta != nil {
+		t.meta.close()
+		t.meta = nil
+	}
+}
+
+// close tears down every controller and queue, then closes the namespaces
+// (flushing them) and the device.
+func (t *Target) close() error {
+	for _, c := range t.controllers() {
+		c.teardown("target shutting down")
+	}
+	t.mu.Lock()
+	t.closed = true
+	qs := make([]*queueConn, 0, len(t.queues))
+	for qc := range t.queues {
+		qs = append(qs, qc)
+	}
+	t.mu.Unlock()
+	for _, qc := range qs {
+		qc.q.Close()
+	}
+	for _, qc := range qs {
+		qc.q.Wait()
+	}
+	var errs []error
+	for _, s := range t.Subsystems() {
+		for _, ns := range s.Namespaces() {
+			if err := ns.close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if t.ln != nil {
+		t.ln.ClosePool()
+	}
+	t.pool.Close()
+	t.dev.Close()
+	return errors.Join(errs...)
+}
+
+func (t *Target) controllers() []*controller {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cs := make([]*controller, 0, len(t.ctrls))
+	for _, c := range t.ctrls {
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+// Controllers is the number of live controllers (I/O and discovery).
+func (t *Target) Controllers() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.ctrls)
+}
+
+// ControllerInfo describes a live controller.
+type ControllerInfo struct {
+	CNTLID    uint16
+	Subsystem string
+	HostNQN   string
+	IOQueues  int
+}
+
+// ControllerList describes the live controllers.
+func (t *Target) ControllerList() []ControllerInfo {
+	var out []ControllerInfo
+	for _, c := range t.controllers() {
+		c.mu.Lock()
+		out = append(out, ControllerInfo{CNTLID: c.id, Subsystem: c.subNQN(), HostNQN: c.hostNQN, IOQueues: len(c.ioQueues)})
+		c.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CNTLID < out[j].CNTLID })
+	return out
+}
+
+// allocController registers a new controller with a fresh CNTLID.
+func (t *Target) allocController(c *controller) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || t.draining.Load() {
+		return nvme.Errorf(nvme.StatusControllerBusy, "target shutting down")
+	}
+	if len(t.ctrls) >= t.cfg.maxControllers {
+		return nvme.Errorf(nvme.StatusControllerBusy, "%d controllers alive, the limit", len(t.ctrls))
+	}
+	for i := 0; i < 0xffef; i++ {
+		id := t.nextCNTL
+		t.nextCNTL++
+		if t.nextCNTL == 0 || t.nextCNTL >= 0xfff0 {
+			t.nextCNTL = 1
+		}
+		if _, used := t.ctrls[id]; !used {
+			c.id = id
+			t.ctrls[id] = c
+			if t.met != nil {
+				t.met.controllers.Inc()
+			}
+			return nil
+		}
+	}
+	return nvme.Errorf(nvme.StatusControllerBusy, "no controller ID free")
+}
+
+func (t *Target) removeController(c *controller) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ctrls[c.id] == c {
+		delete(t.ctrls, c.id)
+		if t.met != nil {
+			t.met.controllers.Dec()
+		}
+	}
+}
+
+// splitHostPort splits a listen address for the discovery log; a loop
+// provider's name has no port.
+func splitHostPort(addr string) (host, port string) {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr, ""
+	}
+	return h, p
+}
