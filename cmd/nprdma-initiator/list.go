@@ -1,0 +1,79 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nprdma/nprdma/initiator/attach"
+	"github.com/urfave/cli/v2"
+)
+
+func listCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "list",
+		Usage: "show what is attached: name, mode, device or NBD URI, target, namespace, process",
+		Description: "Reads the attachment records of the run directory. A record whose attach process is gone\n" +
+			"(killed, crashed) is dropped, saying so, after cleaning up what it left (dead FUSE mount, stale socket).",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "json", Usage: "print a JSON array of the attachment records instead of a table"},
+			runDirFlag(),
+		},
+		Action: listAction,
+	}
+}
+
+func listAction(cc *cli.Context) error {
+	dir, err := attach.OpenDir(cc.String("run-dir"))
+	if err != nil {
+		return err
+	}
+	recs, err := dir.List()
+	if err != nil {
+		fmt.Fprintf(cc.App.ErrWriter, "nprdma-initiator: %v\n", err)
+	}
+	live := []attach.Record{}
+	for _, r := range recs {
+		if r.Process().Alive() {
+			live = append(live, r)
+			continue
+		}
+		notes, err := dir.Reap(r)
+		if err != nil {
+			fmt.Fprintf(cc.App.ErrWriter, "nprdma-initiator: %s: its process (pid %d) is gone; cleaning up after it: %v\n", r.Name, r.PID, err)
+			continue
+		}
+		fmt.Fprintf(cc.App.ErrWriter, "nprdma-initiator: dropped %s: its process (pid %d) is gone%s\n", r.Name, r.PID, joinNotes(notes))
+	}
+	if cc.Bool("json") {
+		enc := json.NewEncoder(cc.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(live)
+	}
+	printAttachments(cc.App.Writer, live, time.Now())
+	return nil
+}
+
+func printAttachments(w io.Writer, recs []attach.Record, now time.Time) {
+	if len(recs) == 0 {
+		fmt.Fprintln(w, "nothing is attached")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tMODE\tUSE\tTARGET\tSUBSYSTEM\tNSID\tSIZE\tPID\tUP")
+	for _, r := range recs {
+		use := r.Use()
+		if r.State != attach.StateAttached {
+			use = "(" + r.State + ")"
+		}
+		if r.DetachError != "" {
+			use += " (detach refused: " + r.DetachError + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Name, r.Mode, use, r.Target, r.NQN, r.NSID,
+			humanSize(r.Size), strconv.Itoa(r.PID), now.Sub(r.Started).Truncate(time.Second))
+	}
+	tw.Flush()
+}
