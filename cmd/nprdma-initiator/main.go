@@ -32,7 +32,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP) or loop (in-process; for tests only)"},
 			&cli.StringFlag{Name: "log-level", Value: "warn", Usage: "log level: debug, info, warn, error"},
 		},
-		Commands:        []*cli.Command{discoverCommand(), attachCommand(), listCommand(), detachCommand()},
+		Commands:        []*cli.Command{discoverCommand(), attachCommand(), listCommand(), detachCommand(), hostnqnCommand()},
 		HideHelpCommand: true,
 	}
 }
