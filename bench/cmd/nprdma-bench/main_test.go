@@ -40,7 +40,7 @@ func TestList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"blockdev      ready", "capacity      pending", "swap-faults   ready", "goal: major fault p50 ≤ 1.2×"} {
+	for _, want := range []string{"blockdev      ready", "capacity      ready", "swap-faults   ready", "goal: major fault p50 ≤ 1.2×"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--list output lacks %q:\n%s", want, out)
 		}

@@ -1,0 +1,353 @@
+package e2ebench
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"math"
+	"math/big"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nprdma/nprdma/bench"
+	"github.com/nprdma/nprdma/bench/blockdevbench"
+	"github.com/nprdma/nprdma/initiator/blockio"
+	"github.com/nprdma/nprdma/initiator/nbd"
+)
+
+// TestZipfDrawsTheDistribution: the generator's empirical shares of the
+// hottest ranks match P(k) = (k+1)^-θ / ζ(n, θ) within sampling error, the
+// tail is drawn too, and nothing falls outside [0, n).
+func TestZipfDrawsTheDistribution(t *testing.T) {
+	const n, draws = 1000, 400_000
+	z, err := newZipf(n, 0.99)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	counts := make([]int, n)
+	for range draws {
+		k := z.rank(r)
+		if k < 0 || k >= n {
+			t.Fatalf("rank %d outside [0, %d)", k, n)
+		}
+		counts[k]++
+	}
+	// Compare the hottest ranks and bands of colder ones with the law.
+	bands := [][2]int64{{0, 1}, {1, 2}, {2, 3}, {2, 10}, {10, 100}, {100, 1000}}
+	for _, b := range bands {
+		var want float64
+		got := 0
+		for k := b[0]; k < b[1]; k++ {
+			want += z.share(k)
+			got += counts[k]
+		}
+		share := float64(got) / draws
+		sigma := math.Sqrt(want * (1 - want) / draws)
+		if math.Abs(share-want) > 5*sigma {
+			t.Errorf("ranks [%d, %d): share %.4f, want %.4f", b[0], b[1], share, want)
+		}
+	}
+	if counts[n-1]+counts[n-2]+counts[n-3] == 0 {
+		t.Error("the coldest ranks were never drawn")
+	}
+	// The law itself: P(0)/P(9) = 10^θ.
+	if got, want := z.share(0)/z.share(9), math.Pow(10, 0.99); math.Abs(got-want) > 1e-9*want {
+		t.Errorf("P(0)/P(9) = %g, want %g", got, want)
+	}
+	if _, err := newZipf(1000, 1.2); err == nil {
+		t.Error("theta above 1 accepted (math/rand's Zipf is the tool for that)")
+	}
+}
+
+// TestPermutationIsABijection: rank scattering maps 0..n-1 onto 0..n-1
+// for sizes with various factors, including namespaces of r×2^k pages.
+func TestPermutationIsABijection(t *testing.T) {
+	for _, n := range []int64{2, 3, 7, 1000, 1024, 5 * 32768, 3 * 4096} {
+		p := newPermutation(n)
+		seen := make([]bool, n)
+		for k := range n {
+			v := p.at(k)
+			if v < 0 || v >= n || seen[v] {
+				t.Fatalf("n %d: rank %d maps to %d (out of range or taken)", n, k, v)
+			}
+			seen[v] = true
+		}
+	}
+	// Large namespaces take the slow path of mulmod: check it against
+	// math/big.
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 1000 {
+		m := r.Int64N(1<<50) + 2
+		a, b := r.Int64N(m), r.Int64N(m)
+		want := new(big.Int).Mod(new(big.Int).Mul(big.NewInt(a), big.NewInt(b)), big.NewInt(m)).Int64()
+		if got := mulmod(a, b, m); got != want {
+			t.Fatalf("mulmod(%d, %d, %d) = %d, want %d", a, b, m, got, want)
+		}
+	}
+}
+
+// TestMemoryForLeavesTheBudgetResident: the --memory the capacity
+// experiment passes leaves exactly the intended bytes (within a page)
+// after swap's free margin, min(budget/16, 4096) pages.
+func TestMemoryForLeavesTheBudgetResident(t *testing.T) {
+	for _, b := range []int64{16 << 20, 128 << 20, 240 << 20, 256 << 20, 1 << 30, 4 << 30} {
+		m := memoryFor(b)
+		pages := m / pageSize
+		margin := min(max(pages/16, 1), 4096)
+		resident := (pages - margin) * pageSize
+		if resident < b || resident > b+2*pageSize {
+			t.Errorf("memoryFor(%d) = %d: %d bytes resident after a %d-page margin, want %d", b, m, resident, margin, b)
+		}
+	}
+}
+
+// seedNBDReplies are valid and invalid server messages for the decoders.
+func seedNBDReplies() [][]byte {
+	greeting := binary.BigEndian.AppendUint64(nil, nbdMagic)
+	greeting = binary.BigEndian.AppendUint64(greeting, nbdOptMagic)
+	greeting = binary.BigEndian.AppendUint16(greeting, nbdFlagFixed|nbdFlagNoZeroes)
+	export := binary.BigEndian.AppendUint64(nil, 1<<30)
+	export = binary.BigEndian.AppendUint16(export, nbd.FlagHasFlags|nbd.FlagSendFlush)
+	reply := binary.BigEndian.AppendUint32(nil, nbdSimpleReply)
+	reply = binary.BigEndian.AppendUint32(reply, 0)
+	reply = binary.BigEndian.AppendUint64(reply, 0x6e7072646d61)
+	bad := bytes.Clone(greeting)
+	bad[0] ^= 1
+	return [][]byte{greeting, export, reply, bad, greeting[:17], {}}
+}
+
+// TestNBDDecoders: each decoder accepts its message and names what is
+// wrong with a damaged one.
+func TestNBDDecoders(t *testing.T) {
+	s := seedNBDReplies()
+	if flags, err := parseNBDGreeting(s[0]); err != nil || flags != nbdFlagFixed|nbdFlagNoZeroes {
+		t.Fatalf("greeting: flags %#x, %v", flags, err)
+	}
+	if size, flags, err := parseNBDExport(s[1]); err != nil || size != 1<<30 || flags&nbd.FlagSendFlush == 0 {
+		t.Fatalf("export: %d %#x %v", size, flags, err)
+	}
+	if errno, cookie, err := parseNBDReply(s[2]); err != nil || errno != 0 || cookie != 0x6e7072646d61 {
+		t.Fatalf("reply: %d %#x %v", errno, cookie, err)
+	}
+	for _, c := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"bad magic", func() error { _, err := parseNBDGreeting(s[3]); return err }(), "greeting magic"},
+		{"short greeting", func() error { _, err := parseNBDGreeting(s[4]); return err }(), "17 bytes"},
+		{"oldstyle", func() error {
+			b := bytes.Clone(s[0])
+			binary.BigEndian.PutUint64(b[8:], 0x00420281861253)
+			_, err := parseNBDGreeting(b)
+			return err
+		}(), "not a newstyle server"},
+		{"not fixed", func() error {
+			b := bytes.Clone(s[0])
+			b[17] = 0
+			_, err := parseNBDGreeting(b)
+			return err
+		}(), "not fixed newstyle"},
+		{"no HAS_FLAGS", func() error { _, _, err := parseNBDExport(make([]byte, 10)); return err }(), "HAS_FLAGS"},
+		{"structured reply", func() error {
+			b := bytes.Clone(s[2])
+			binary.BigEndian.PutUint32(b, 0x668e33ef)
+			_, _, err := parseNBDReply(b)
+			return err
+		}(), "reply magic"},
+	} {
+		if !errors.Is(c.err, errNBDProtocol) || !strings.Contains(c.err.Error(), c.want) {
+			t.Errorf("%s: %v, want a protocol error mentioning %q", c.name, c.err, c.want)
+		}
+	}
+}
+
+// FuzzNBDReplies feeds arbitrary server bytes to the client's decoders:
+// they never panic, and what they accept re-encodes to the same bytes.
+func FuzzNBDReplies(f *testing.F) {
+	for _, s := range seedNBDReplies() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if flags, err := parseNBDGreeting(b); err == nil {
+			re := binary.BigEndian.AppendUint64(nil, nbdMagic)
+			re = binary.BigEndian.AppendUint64(re, nbdOptMagic)
+			re = binary.BigEndian.AppendUint16(re, flags)
+			if !bytes.Equal(re, b[:nbdGreetingSize]) {
+				t.Fatalf("greeting %x decoded to flags %#x", b[:nbdGreetingSize], flags)
+			}
+		}
+		if size, flags, err := parseNBDExport(b); err == nil {
+			re := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint64(nil, size), flags)
+			if !bytes.Equal(re, b[:nbdExportInfo]) || flags&nbd.FlagHasFlags == 0 {
+				t.Fatalf("export info %x decoded to %d %#x", b[:nbdExportInfo], size, flags)
+			}
+		}
+		if errno, cookie, err := parseNBDReply(b); err == nil {
+			re := binary.BigEndian.AppendUint32(nil, nbdSimpleReply)
+			re = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(re, errno), cookie)
+			if !bytes.Equal(re, b[:nbdReplySize]) {
+				t.Fatalf("reply %x decoded to %d %#x", b[:nbdReplySize], errno, cookie)
+			}
+		}
+	})
+}
+
+// TestNBDReadFromOurServer: the client reads the right bytes from the
+// project's NBD server (in-process, loopback TCP), and a read beyond the
+// export is refused before it is sent.
+func TestNBDReadFromOurServer(t *testing.T) {
+	const size = 1 << 20
+	mem := blockio.NewMemory(size, pageSize)
+	want := make([]byte, pageSize)
+	blockdevbench.FillPage(want, dataSeed, 3)
+	if _, err := mem.WriteAt(want, 3*pageSize); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := nbd.NewServer(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := nbd.ListenTCP("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	defer func() { cancel(); <-done }()
+	got := make([]byte, pageSize)
+	if err := nbdRead(context.Background(), "tcp", ln.Addr().String(), got, 3*pageSize); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("nbdRead returned the wrong bytes")
+	}
+	if err := nbdRead(context.Background(), "tcp", ln.Addr().String(), got, size); err == nil || !strings.Contains(err.Error(), "beyond") {
+		t.Fatalf("read beyond the export: %v", err)
+	}
+}
+
+// TestNBDReadFromNBDKit: the same client against nbdkit (the reference the
+// startup experiment polls), whose pattern plugin stores each 8-byte
+// offset big-endian at that offset.
+func TestNBDReadFromNBDKit(t *testing.T) {
+	if _, err := bench.FindTool("nbdkit"); err != nil {
+		t.Skipf("nbdkit not installed: %v", err)
+	}
+	nk, err := bench.StartNBDKit(context.Background(), "pattern", []string{"size=1M"}, bench.WithLoopbackTCP())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nk.Stop()
+	p := make([]byte, pageSize)
+	if err := nbdRead(context.Background(), "tcp", nk.Addr, p, 8*pageSize); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(p); i += 8 {
+		if got, want := binary.BigEndian.Uint64(p[i:]), uint64(8*pageSize+i); got != want {
+			t.Fatalf("word at %d reads %#x, want %#x", 8*pageSize+i, got, want)
+		}
+	}
+}
+
+// TestChildWaitsForItsLineAndStops: a child's output line is found (also
+// when it came before the wait), an early exit is reported with its
+// output, and stop ends a process that ignores nothing.
+func TestChildWaitsForItsLineAndStops(t *testing.T) {
+	c, err := startChild("sh", []string{"sh", "-c", "echo first; echo ready at 42; exec sleep 60"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.waitLine(context.Background(), 10*time.Second, func(l string) bool { return strings.HasPrefix(l, "ready") })
+	if err != nil || l != "ready at 42" {
+		t.Fatalf("waitLine: %q %v", l, err)
+	}
+	// Again: the line is already in the output.
+	if l, err := c.waitLine(context.Background(), time.Second, func(l string) bool { return l == "first" }); err != nil || l != "first" {
+		t.Fatalf("waitLine for an earlier line: %q %v", l, err)
+	}
+	if err := c.stop(syscall.SIGTERM, 10*time.Second); err == nil || !strings.Contains(err.Error(), "signal") {
+		// sleep dies of SIGTERM: an exit by signal is reported.
+		t.Fatalf("stop: %v, want the signal reported", err)
+	}
+	if !c.exited() {
+		t.Fatal("child still running after stop")
+	}
+
+	e, err := startChild("sh", []string{"sh", "-c", "echo broken config >&2; exit 3"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.waitLine(context.Background(), 10*time.Second, func(l string) bool { return strings.Contains(l, "serving") })
+	if err == nil || !strings.Contains(err.Error(), "exited") || !strings.Contains(err.Error(), "broken config") {
+		t.Fatalf("early exit: %v", err)
+	}
+}
+
+// TestBinariesAreRebuiltWhenStale: fresh binaries in bin/ are used as they
+// are; once a source file is newer, Resolve builds instead (here, in a fake
+// module, the build fails and says so).
+func TestBinariesAreRebuiltWhenStale(t *testing.T) {
+	root := t.TempDir()
+	write := func(p, s string, mode os.FileMode, when time.Time) {
+		p = filepath.Join(root, p)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(s), mode); err != nil {
+			t.Fatal(err)
+		}
+		os.Chtimes(p, when, when)
+	}
+	old, now := time.Now().Add(-time.Hour), time.Now()
+	write("go.mod", "module example.com/fake\n", 0o644, old)
+	write("cmd/nprdma-target/main.go", "package main\n", 0o644, old)
+	write("bin/nprdma-target", "#!/bin/sh\n", 0o755, now)
+	write("bin/nprdma-initiator", "#!/bin/sh\n", 0o755, now)
+	env := &bench.Env{OutDir: t.TempDir()}
+	b := &Binaries{RepoRoot: root}
+	tgt, ini, err := b.Resolve(context.Background(), env)
+	if err != nil || tgt != filepath.Join(root, "bin/nprdma-target") || ini != filepath.Join(root, "bin/nprdma-initiator") {
+		t.Fatalf("fresh binaries: %q %q %v", tgt, ini, err)
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go not in PATH")
+	}
+	write("target/target.go", "package target\n", 0o644, now.Add(time.Minute))
+	b = &Binaries{RepoRoot: root}
+	if _, _, err := b.Resolve(context.Background(), env); err == nil || !strings.Contains(err.Error(), "go build") {
+		t.Fatalf("stale binaries: %v, want a go build attempt", err)
+	}
+}
+
+// TestPlacementsMergeByRole: samples of one role from several measurements
+// add up; roles keep the order they first appeared in.
+func TestPlacementsMergeByRole(t *testing.T) {
+	var p placements
+	p.add(bench.Placement{Role: "b", Samples: 2, RanOn: []bench.CPUShare{{CPU: 0, Samples: 2, Share: 1}}})
+	p.add(bench.Placement{Role: "a", Samples: 1, RanOn: []bench.CPUShare{{CPU: 1, Samples: 1, Share: 1}}})
+	p.add(bench.Placement{Role: "b", Samples: 2, RanOn: []bench.CPUShare{{CPU: 1, Samples: 2, Share: 1}}})
+	l := p.list()
+	if len(l) != 2 || l[0].Role != "b" || l[1].Role != "a" || l[0].Samples != 4 {
+		t.Fatalf("placements %+v", l)
+	}
+	err := p.sampleDuring(map[string]int{"self": os.Getpid()}, false, func() error {
+		deadline := time.Now().Add(150 * time.Millisecond)
+		for time.Now().Before(deadline) {
+		}
+		return errors.New("measured")
+	})
+	if err == nil || err.Error() != "measured" {
+		t.Fatalf("sampleDuring returned %v, want fn's error", err)
+	}
+	if l := p.list(); len(l) != 3 || l[2].Role != "self" || l[2].Samples == 0 {
+		t.Fatalf("self placement %+v", l)
+	}
+}

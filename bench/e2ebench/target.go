@@ -1,0 +1,105 @@
+package e2ebench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/tcp"
+)
+
+// benchNQN is the subsystem every experiment's target serves.
+const benchNQN = "nqn.2024-01.io.nprdma:bench"
+
+// targetConfig is one start of nprdma-target.
+type targetConfig struct {
+	bin     string
+	backing string
+	memory  int64
+	dataDir string
+	listen  string // default 127.0.0.1:0
+	pin     bool
+	cpus    []int
+}
+
+func (c targetConfig) argv() []string {
+	listen := c.listen
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	argv := []string{c.bin, "--backing", c.backing, "--memory", fmt.Sprintf("%dKiB", c.memory>>10),
+		"--listen", listen, "--nqn", benchNQN, "--allow-any-host", "--data-dir", c.dataDir, "--log-level", "warn"}
+	if c.pin {
+		argv = append(argv, "--pin")
+	}
+	return argv
+}
+
+// targetProc is a running nprdma-target.
+type targetProc struct {
+	*child
+	addr   string // where hosts connect
+	banner string // the "serving ..." line
+}
+
+// startTarget starts the target and waits for its "connect with" line.
+func startTarget(ctx context.Context, c targetConfig, timeout time.Duration) (*targetProc, error) {
+	ch, err := startChild("nprdma-target", c.argv(), c.cpus)
+	if err != nil {
+		return nil, err
+	}
+	p := &targetProc{child: ch}
+	const marker = "discover --target "
+	l, err := ch.waitLine(ctx, timeout, func(l string) bool { return strings.Contains(l, marker) })
+	if err != nil {
+		ch.stop(syscall.SIGKILL, time.Second)
+		return nil, err
+	}
+	p.addr = strings.TrimSpace(l[strings.Index(l, marker)+len(marker):])
+	p.banner, _ = ch.waitLine(ctx, time.Second, func(l string) bool { return strings.Contains(l, "nprdma-target: serving") })
+	return p, nil
+}
+
+// shutdown ends the target cleanly (SIGTERM: drain, flush, exit 0).
+func (p *targetProc) shutdown() error { return p.stop(syscall.SIGTERM, 2*time.Minute) }
+
+// host is an in-process initiator connected to a target.
+type host struct {
+	dev *nprdma.Device
+	c   *initiator.Controller
+	ns  *initiator.Namespace
+}
+
+var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// connectHost connects to the bench subsystem at addr and opens namespace 1.
+// stateDir keeps the host ID file out of the user's home.
+func connectHost(ctx context.Context, addr, stateDir string, opts ...initiator.Option) (*host, error) {
+	dev := nprdma.NewDevice(tcp.New(), nprdma.WithName("initiator"), nprdma.WithPinning(false))
+	opts = append([]initiator.Option{initiator.WithStateFile(filepath.Join(stateDir, "hostid")),
+		initiator.WithLogger(quietLog)}, opts...)
+	c, err := initiator.Connect(ctx, dev, addr, benchNQN, opts...)
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	ns, err := c.Namespace(ctx, 1)
+	if err != nil {
+		c.Close()
+		dev.Close()
+		return nil, err
+	}
+	return &host{dev: dev, c: c, ns: ns}, nil
+}
+
+func (h *host) close() {
+	h.c.Close()
+	h.dev.Close()
+}
