@@ -162,6 +162,11 @@ func New(dev blockdev.Device, opts ...Option) (*Region, error) {
 		r.margin = min(max(budget/16, 1), 4096)
 	}
 	r.margin = min(r.margin, budget-1)
+	if budget == npages {
+		// Every page fits: nothing will ever need a free slot, and a margin
+		// would only keep part of a fully budgeted region out of memory.
+		r.margin = 0
+	}
 	r.dirtyLimit = int64(cfg.dirtyLimit)
 	if cfg.dirtyLimit <= 0 {
 		r.dirtyLimit = max(budget/4, 1)

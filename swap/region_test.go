@@ -471,3 +471,29 @@ func faultThreads(t *testing.T) int {
 	}
 	return n
 }
+
+// A region whose budget covers every page must keep every page resident: a
+// free margin there would only push a fully budgeted namespace out of memory.
+func TestFullBudgetKeepsEveryPageResident(t *testing.T) {
+	const pages = 256
+	r, _ := newRegion(t, pages*PageSize, WithBudget(2*pages*PageSize))
+	for p := 0; p < pages; p++ {
+		mustWrite(t, r, pagePattern(p, 1), int64(p)*PageSize)
+	}
+	// Read everything twice over: nothing may have been evicted.
+	buf := make([]byte, PageSize)
+	for round := 0; round < 2; round++ {
+		for p := 0; p < pages; p++ {
+			if _, err := r.ReadAt(buf, int64(p)*PageSize); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(buf, pagePattern(p, 1)) {
+				t.Fatalf("page %d: wrong content", p)
+			}
+		}
+	}
+	st := r.Stats()
+	if st.Resident != pages || st.Evictions != 0 || st.MajorFaults != 0 {
+		t.Fatalf("resident %d, evictions %d, major faults %d; want %d, 0, 0", st.Resident, st.Evictions, st.MajorFaults, pages)
+	}
+}
