@@ -9,8 +9,7 @@ RACE_PKGS  := ./blockdev/... ./swap/... ./nprdma/... ./nvme/... ./target/... ./i
 OTHER_PKGS := ./bench/... ./cmd/...
 # Short fuzz runs in `make test`; `make fuzz FUZZTIME=10m` for a long run.
 FUZZTIME  ?= 10s
-# Tests that take minutes (crash rounds, churn) run their long versions with LONG=1.
-LONG      ?=
+# Tests that take minutes (crash rounds, churn, stress) run their long versions with NPRDMA_LONG=1.
 
 export CGO_ENABLED := 1
 SHELL := bash

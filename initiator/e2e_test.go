@@ -608,15 +608,16 @@ func TestReconnectAfterTargetRestart(t *testing.T) {
 	}
 }
 
-// TestPinnedBaseline serves a namespace in the pinned baseline mode: the
-// region descriptor says pages are always there, every read is one-sided
-// with no magic scan, and data round-trips.
+// TestPinnedBaseline serves a namespace in the pinned baseline mode with a
+// pinned budget it fits in: the region descriptor says pages are always
+// there, every read is one-sided with no magic scan, and data round-trips.
 func TestPinnedBaseline(t *testing.T) {
 	k := kinds[0]
 	sp, cp := k.new()
 	dir := t.TempDir()
+	const budget = 12 << 20
 	tg, err := startTargetE(t, targetSpec{prov: sp, listen: k.listen, dir: dir, size: 8 << 20, allowAny: true,
-		targetOpts: []target.Option{target.WithPinnedNamespaces(true)}})
+		targetOpts: []target.Option{target.WithPinnedBudget(budget)}})
 	if err != nil {
 		if strings.Contains(err.Error(), "mlock") {
 			t.Skipf("pinning not permitted here: %v", err)
@@ -641,8 +642,91 @@ func TestPinnedBaseline(t *testing.T) {
 	if s.SuspectedPages != 0 || s.ReadsOneSided != s.Reads || s.Reads == 0 {
 		t.Fatalf("pinned reads: %+v", s)
 	}
-	if !tg.Subsystem(testSubNQN).Namespace(1).Pinned() {
-		t.Fatal("namespace not pinned")
+	if ns := tg.Subsystem(testSubNQN).Namespace(1); !ns.Pinned() || !ns.OneSided() {
+		t.Fatalf("namespace pinned %v, one-sided %v", ns.Pinned(), ns.OneSided())
+	}
+	// The whole budget was registered pinned at start, whatever the
+	// namespace uses of it.
+	if got := tg.Device().Stats().RegisteredBytes; got < budget {
+		t.Fatalf("target registered %d bytes, want at least the %d-byte pinned budget", got, budget)
+	}
+}
+
+// TestPinnedBaselineLargerThanBudget: in the pinned baseline a namespace
+// larger than the pinned budget is served two-sided only. The target
+// refuses its region descriptor with Invalid Field, the initiator takes that
+// for "no one-sided reads" and reads with NVMe Read, and every command goes
+// straight to the backing file.
+func TestPinnedBaselineLargerThanBudget(t *testing.T) {
+	k := kinds[1]
+	sp, cp := k.new()
+	dir := t.TempDir()
+	const size, budget = 16 << 20, 4 << 20
+	tg, err := startTargetE(t, targetSpec{prov: sp, listen: k.listen, dir: dir, size: size, allowAny: true,
+		targetOpts: []target.Option{target.WithPinnedBudget(budget)}})
+	if err != nil {
+		if strings.Contains(err.Error(), "mlock") {
+			t.Skipf("pinning not permitted here: %v", err)
+		}
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	ns := tg.Subsystem(testSubNQN).Namespace(1)
+	if ns.Pinned() || ns.OneSided() || ns.Region() != nil {
+		t.Fatalf("namespace larger than the pinned budget: pinned %v, one-sided %v, region %v", ns.Pinned(), ns.OneSided(), ns.Region())
+	}
+	dev := nprdma.NewDevice(cp, nprdma.WithPinning(false))
+	defer dev.Close()
+	r := &rig{srvProv: sp, cliProv: cp, tg: tg, dev: dev}
+	c := r.connect(t)
+	n := namespace(t, c)
+	d, err := n.RegionDescriptor(context.Background())
+	if err != nil || d != nil {
+		t.Fatalf("region descriptor of a two-sided-only namespace: %+v, %v; want none and no error", d, err)
+	}
+	// The status behind it, on the admin queue as the initiator sees it.
+	err = c.do(context.Background(), func(s *session) error {
+		_, err := s.admin.Submit(context.Background(), nvme.NPGetRegionDescriptorCommand(1, nvme.NullSGL()), make([]byte, nvme.RegionDescriptorSize))
+		return err
+	})
+	if !errors.Is(err, nvme.StatusInvalidField) {
+		t.Fatalf("NP Get Region Descriptor: %v, want Invalid Field", err)
+	}
+	writePattern(t, n, 9, 1<<20)
+	if err := n.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for off := int64(0); off < n.Size(); off += 1 << 20 {
+		verifyRange(t, n, off, 1<<20, 9)
+	}
+	// Unaligned in-capsule writes (a single 4 KiB page) take the bounce
+	// path to the O_DIRECT backing.
+	page := make([]byte, BlockSize)
+	pattern(page, 3*BlockSize, 10)
+	if _, err := n.WriteAt(page, 3*BlockSize); err != nil {
+		t.Fatal(err)
+	}
+	verifyRange(t, n, 3*BlockSize, BlockSize, 10)
+	if err := n.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	s := c.Stats()
+	if s.Reads == 0 || s.TwoSidedReads != s.Reads || s.OneSidedReads != 0 || s.SuspectedPages != 0 {
+		t.Fatalf("reads of a two-sided-only namespace: %+v", s)
+	}
+	// No cache of the target's own: the data is on the backing file.
+	f, err := os.ReadFile(filepath.Join(dir, "backing.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, 1<<20)
+	pattern(want, 5<<20, 9)
+	if !bytes.Equal(f[5<<20:6<<20], want) {
+		t.Fatal("backing file does not hold what was written to the two-sided-only namespace")
+	}
+	pattern(page, 3*BlockSize, 10)
+	if !bytes.Equal(f[3*BlockSize:4*BlockSize], page) {
+		t.Fatal("backing file does not hold the single-page write")
 	}
 }
 

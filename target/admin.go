@@ -392,8 +392,16 @@ func (c *controller) regionDescriptor(r *fabric.Request) result {
 	if n == nil {
 		return result{err: nvme.Errorf(nvme.StatusInvalidNamespaceOrFormat.WithDNR(), "namespace %d not active", cmd.NSID)}
 	}
+	if !n.OneSided() {
+		// Invalid Field is what hosts take for "no one-sided reads here".
+		return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(),
+			"namespace %d is served two-sided only: it does not fit in the pinned memory of the baseline mode", n.nsid)}
+	}
 	mr, err := c.regionMR(n)
 	if err != nil {
+		if n.removed.Load() {
+			return result{err: nvme.Errorf(nvme.StatusInvalidNamespaceOrFormat.WithDNR(), "namespace %d removed", cmd.NSID)}
+		}
 		return result{err: nvme.Errorf(nvme.StatusInternalError, "register namespace %d: %w", n.nsid, err)}
 	}
 	d := nvme.RegionDescriptor{Format: nvme.RegionDescriptorFormat1,

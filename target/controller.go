@@ -333,6 +333,18 @@ func (c *controller) reset() {
 	}
 }
 
+// revokeRegion deregisters the controller's registration of namespace
+// nsid, if it has one: its rkey is refused from then on.
+func (c *controller) revokeRegion(nsid uint32) {
+	c.mu.Lock()
+	mr := c.mrs[nsid]
+	delete(c.mrs, nsid)
+	c.mu.Unlock()
+	if mr != nil {
+		mr.Deregister()
+	}
+}
+
 func (c *controller) abortAERs() {
 	c.mu.Lock()
 	aers := c.aers
@@ -351,6 +363,11 @@ func (c *controller) regionMR(n *Namespace) (*nprdma.MR, error) {
 	defer c.mu.Unlock()
 	if c.gone {
 		return nil, fmt.Errorf("controller %d is gone", c.id)
+	}
+	if n.removed.Load() {
+		// RemoveNamespace revokes under c.mu after setting removed, so a
+		// registration made here would escape it.
+		return nil, fmt.Errorf("namespace %d is being removed", n.nsid)
 	}
 	if mr := c.mrs[n.nsid]; mr != nil {
 		return mr, nil

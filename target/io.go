@@ -21,14 +21,23 @@ func (c *controller) io(r *fabric.Request) result {
 		return result{err: nvme.InvalidOpcode(cmd, false)}
 	}
 	if cmd.Opcode == nvme.IOFlush && cmd.NSID == nvme.BroadcastNSID {
-		for _, n := range c.sub.Namespaces() {
+		all := c.sub.acquireAll()
+		defer func() {
+			for _, n := range all {
+				n.users.Done()
+			}
+		}()
+		for _, n := range all {
 			if err := n.store.Flush(); err != nil {
 				return result{err: c.mediaError(n, "flush", err, nvme.StatusWriteFault)}
 			}
 		}
 		return result{}
 	}
-	n := c.sub.Namespace(cmd.NSID)
+	n := c.sub.acquire(cmd.NSID)
+	if n != nil {
+		defer n.users.Done()
+	}
 	if n == nil {
 		switch cmd.Opcode {
 		case nvme.IOFlush, nvme.IOWrite, nvme.IORead, nvme.IOWriteZeroes, nvme.IODatasetManagement, nvme.IONPAdvise:
@@ -147,6 +156,9 @@ func (c *controller) io(r *fabric.Request) result {
 // nprdma initiator counts it. A page inside a hole of a backing file that
 // was never written counts as major here though swap resolves it as minor.
 func faultReport(r *swap.Region, page, n int) uint32 {
+	if r == nil {
+		return 0 // the pinned baseline: no faults
+	}
 	states := r.States()
 	var minor, major uint32
 	for i := page; i < page+n && i < len(states); i++ {

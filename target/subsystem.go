@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nprdma/nprdma/blockdev"
@@ -168,7 +169,9 @@ func (s *Subsystem) Namespaces() []*Namespace {
 	defer s.mu.Unlock()
 	out := make([]*Namespace, 0, len(s.ns))
 	for _, n := range s.ns {
-		out = append(out, n)
+		if n != nil { // nil: reserved while AddNamespace builds it
+			out = append(out, n)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].nsid < out[j].nsid })
 	return out
@@ -181,12 +184,42 @@ func (s *Subsystem) Namespace(nsid uint32) *Namespace {
 	return s.ns[nsid]
 }
 
+// acquire returns namespace nsid (or nil) held for one command: a
+// RemoveNamespace waits for the commands holding it before closing it.
+// Release it with n.users.Done().
+func (s *Subsystem) acquire(nsid uint32) *Namespace {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.ns[nsid]
+	if n != nil {
+		n.users.Add(1)
+	}
+	return n
+}
+
+// acquireAll holds every namespace, as acquire does.
+func (s *Subsystem) acquireAll() []*Namespace {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Namespace, 0, len(s.ns))
+	for _, n := range s.ns {
+		if n != nil {
+			n.users.Add(1)
+			out = append(out, n)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].nsid < out[j].nsid })
+	return out
+}
+
 func (s *Subsystem) activeNSIDs() []uint32 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ids := make([]uint32, 0, len(s.ns))
-	for id := range s.ns {
-		ids = append(ids, id)
+	for id, n := range s.ns {
+		if n != nil {
+			ids = append(ids, id)
+		}
 	}
 	slices.Sort(ids)
 	return ids
@@ -220,12 +253,15 @@ type Namespace struct {
 	nsid    uint32
 	dev     blockdev.Device
 	store   store
-	region  *swap.Region // nil for a pinned namespace
-	pinned  *pinnedStore
-	pinMR   *nprdma.MR // the up-front pinned registration (baseline mode)
+	region  *swap.Region // nil in the pinned baseline
+	pinned  *pinnedStore // baseline: held in the pinned memory
+	direct  bool         // baseline: too large for the pinned memory, two-sided only
 	nguid   [16]byte
 	uuid    nvme.UUID
 	created time.Time
+
+	users   sync.WaitGroup // commands executing on it (Subsystem.acquire)
+	removed atomic.Bool    // RemoveNamespace began: no new registrations
 
 	closeOnce sync.Once
 	closeErr  error
@@ -248,7 +284,10 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 	nsid := cfg.NSID
 	if nsid == 0 {
 		nsid = 1
-		for s.ns[nsid] != nil {
+		for {
+			if _, taken := s.ns[nsid]; !taken {
+				break
+			}
 			nsid++
 		}
 	}
@@ -256,9 +295,13 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("target: subsystem %s: NSID %#x is not usable", s.nqn, nsid)
 	}
-	if s.ns[nsid] != nil {
+	if _, taken := s.ns[nsid]; taken {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("target: subsystem %s: namespace %d exists already", s.nqn, nsid)
+	}
+	if len(s.ns) >= t.cfg.maxNamespaces {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("target: subsystem %s: namespace %d: %d namespaces, the limit (WithMaxNamespaces)", s.nqn, nsid, t.cfg.maxNamespaces)
 	}
 	s.ns[nsid] = nil // reserved while it is built
 	s.mu.Unlock()
@@ -295,18 +338,20 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 	}
 	n.nguid, n.uuid, n.created = rec.NGUID, nvme.UUID(rec.UUID), rec.Created
 
-	if t.cfg.pinned {
-		ps, err := newPinnedStore(cfg.Backing, size)
-		if err != nil {
-			return fail(err)
+	if t.pins != nil {
+		// The pinned baseline: the memory was registered (pinned) by New.
+		if mem := t.pins.carve(size); mem != nil {
+			ps, err := newPinnedStore(cfg.Backing, mem, size)
+			if err != nil {
+				t.pins.giveBack(mem)
+				return fail(err)
+			}
+			n.pinned, n.store = ps, ps
+		} else {
+			t.log.Info("target: namespace larger than what is left of the pinned memory: served two-sided only",
+				"subsystem", s.nqn, "nsid", nsid, "size", size)
+			n.direct, n.store = true, &directStore{dev: cfg.Backing, size: size}
 		}
-		// The conventional registration: pin everything now.
-		mr, err := t.pd.Register(ps.mem, nprdma.AccessRemoteRead)
-		if err != nil {
-			ps.release()
-			return fail(err)
-		}
-		n.pinned, n.store, n.pinMR = ps, ps, mr
 		s.mu.Lock()
 		s.ns[nsid] = n
 		s.mu.Unlock()
@@ -344,6 +389,42 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 	return n, nil
 }
 
+// RemoveNamespace takes namespace nsid out of the subsystem while hosts may
+// be connected: commands naming it fail with Invalid Namespace from then on,
+// every controller's registration of its region is revoked (a host still
+// holding the rkey gets a remote access error), the commands executing on
+// it finish, and then its region is flushed and closed and its backing
+// device closed. Its identity stays in the metadata store: the same backing
+// added again under the same NSID keeps its NGUID. Namespaces of the pinned
+// baseline cannot be removed.
+func (s *Subsystem) RemoveNamespace(nsid uint32) error {
+	s.mu.Lock()
+	n := s.ns[nsid]
+	if n == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("target: subsystem %s: namespace %d does not exist", s.nqn, nsid)
+	}
+	if n.pinned != nil {
+		// Pinned READs are sent straight from the namespace's memory after
+		// the lookup (zero copy), so it could not be freed here safely.
+		s.mu.Unlock()
+		return fmt.Errorf("target: subsystem %s: namespace %d is pinned (baseline mode): it cannot be removed while the target runs", s.nqn, nsid)
+	}
+	delete(s.ns, nsid)
+	s.mu.Unlock()
+	n.removed.Store(true)
+	s.t.genCtr.Add(1)
+	for _, c := range s.t.controllers() {
+		if c.sub == s {
+			c.revokeRegion(nsid)
+		}
+	}
+	n.users.Wait()
+	err := n.close()
+	s.t.log.Info("target: namespace removed", "subsystem", s.nqn, "nsid", nsid, "backing", n.dev.Path(), "err", err)
+	return err
+}
+
 // NSID is the namespace ID.
 func (n *Namespace) NSID() uint32 { return n.nsid }
 
@@ -362,15 +443,24 @@ func (n *Namespace) UUID() nvme.UUID { return n.uuid }
 // Backing names the backing device.
 func (n *Namespace) Backing() string { return n.dev.Path() }
 
-// Region is the namespace's memory region (nil for a pinned namespace).
+// Region is the namespace's memory region (nil in the pinned baseline).
 func (n *Namespace) Region() *swap.Region { return n.region }
 
-// Pinned reports whether the namespace is held pinned (baseline mode).
+// Pinned reports whether the namespace is held wholly in pinned memory
+// (the pinned baseline, WithPinnedBudget).
 func (n *Namespace) Pinned() bool { return n.pinned != nil }
+
+// OneSided reports whether hosts may read the namespace one-sided: false
+// only for a namespace of the pinned baseline that did not fit in the
+// pinned memory, which is served two-sided from its backing device.
+func (n *Namespace) OneSided() bool { return !n.direct }
 
 // register registers the region for remote reads, unpinned (O(1)), for
 // the queue pairs carrying tag only.
 func (n *Namespace) register(pd *nprdma.PD, tag uint64) (*nprdma.MR, error) {
+	if n.direct {
+		return nil, fmt.Errorf("namespace %d is served two-sided only", n.nsid)
+	}
 	if n.pinned != nil {
 		// Already locked by the up-front registration: no new faulting.
 		return pd.Register(n.pinned.mem, nprdma.AccessRemoteRead, nprdma.WithAccessTag(tag))
@@ -383,10 +473,6 @@ func (n *Namespace) register(pd *nprdma.PD, tag uint64) (*nprdma.MR, error) {
 func (n *Namespace) close() error {
 	n.closeOnce.Do(func() {
 		err := n.store.Close()
-		if n.pinned != nil {
-			n.pinMR.Deregister()
-			n.pinned.release()
-		}
 		if cerr := n.dev.Close(); err == nil {
 			err = cerr
 		}

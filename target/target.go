@@ -31,6 +31,8 @@ const (
 	DefaultListen           = "127.0.0.1:4420"
 	DefaultMaxControllers   = 64
 	DefaultMaxIOQueues      = 64
+	DefaultMaxConnections   = fabric.DefaultMaxQueues
+	DefaultMaxNamespaces    = 1024
 	DefaultQueueDepth       = 128
 	DefaultMaxKeepAlive     = 5 * time.Minute
 	DefaultInCapsuleData    = fabric.DefaultInCapsuleData
@@ -52,11 +54,13 @@ type config struct {
 	maxKATO        time.Duration
 	maxControllers int
 	maxIOQueues    int
+	maxConnections int
+	maxNamespaces  int
 	queueDepth     int
 	maxTransfer    int
 	icd            int
 	qpTimeout      time.Duration
-	pinned         bool
+	pinnedBudget   int64
 	busyPoll       time.Duration
 }
 
@@ -89,6 +93,17 @@ func WithMaxControllers(n int) Option { return func(c *config) { c.maxController
 // WithMaxIOQueues bounds the I/O queues of one controller.
 func WithMaxIOQueues(n int) Option { return func(c *config) { c.maxIOQueues = n } }
 
+// WithMaxConnections bounds the queues (queue pairs) of all hosts together,
+// connected to a controller or not yet (default DefaultMaxConnections): a
+// connection request beyond it is refused with the REJECT status "no
+// resources". Each queue holds its receive buffers (about 1 MiB at 128
+// entries), so this bounds what peers that never send Connect can take.
+func WithMaxConnections(n int) Option { return func(c *config) { c.maxConnections = n } }
+
+// WithMaxNamespaces bounds the namespaces of one subsystem (default
+// DefaultMaxNamespaces); AddNamespace refuses more.
+func WithMaxNamespaces(n int) Option { return func(c *config) { c.maxNamespaces = n } }
+
 // WithQueueDepth bounds the entries of an I/O queue (CAP.MQES+1).
 func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } }
 
@@ -96,10 +111,16 @@ func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } 
 // fabric.MaxTransfer.
 func WithMaxTransfer(n int) Option { return func(c *config) { c.maxTransfer = n } }
 
-// WithPinnedNamespaces selects the baseline mode: every namespace is loaded
-// wholly into DRAM and registered pinned, like a conventional RDMA target
-// (for comparisons; the namespaces must fit in memory).
-func WithPinnedNamespaces(on bool) Option { return func(c *config) { c.pinned = on } }
+// WithPinnedBudget selects the pinned baseline, a conventional RDMA target
+// kept for comparisons only: New allocates budget bytes of DRAM and
+// registers them pinned (mlock) before anything is served, which is the
+// start-up cost the mode exists to show. A namespace that fits in what is
+// left of that memory is loaded there wholly and read one-sided without the
+// NP mechanism (no page states, no magic page); a larger one is served
+// two-sided only, every command going to its backing device, and its NP Get
+// Region Descriptor fails with Invalid Field so that hosts fall back to NVMe
+// Read. Budget 0 (the default) is the normal, unpinned target.
+func WithPinnedBudget(budget int64) Option { return func(c *config) { c.pinnedBudget = budget } }
 
 // WithBusyPoll makes every queue's receive loop spin up to d for the next
 // command before parking: it saves the wake-up of the loop per command (tens
@@ -118,6 +139,7 @@ type Target struct {
 	meta *metaStore
 	met  *metrics
 	pool *nprdma.BufferPool
+	pins *pinnedArena // the baseline mode's pinned memory, else nil
 
 	wasClean bool
 
@@ -146,6 +168,8 @@ func New(opts ...Option) (*Target, error) {
 		maxKATO:        DefaultMaxKeepAlive,
 		maxControllers: DefaultMaxControllers,
 		maxIOQueues:    DefaultMaxIOQueues,
+		maxConnections: DefaultMaxConnections,
+		maxNamespaces:  DefaultMaxNamespaces,
 		queueDepth:     DefaultQueueDepth,
 		maxTransfer:    DefaultMaxTransferBytes,
 		icd:            DefaultInCapsuleData,
@@ -162,34 +186,45 @@ func New(opts ...Option) (*Target, error) {
 	if cfg.queueDepth < 2 || cfg.queueDepth > 4096 {
 		return nil, fmt.Errorf("target: queue depth %d outside [2, 4096]", cfg.queueDepth)
 	}
+	if cfg.pinnedBudget < 0 {
+		return nil, fmt.Errorf("target: pinned budget %d is negative", cfg.pinnedBudget)
+	}
 	t := &Target{cfg: cfg, log: cfg.log, subs: map[string]*Subsystem{}, ctrls: map[uint16]*controller{},
 		queues: map[*queueConn]struct{}{}, nextCNTL: 1}
 	// The namespace regions are registered unpinned; only the baseline
 	// mode pins (its namespaces and the data pool).
-	t.dev = nprdma.NewDevice(cfg.provider, nprdma.WithName("target"), nprdma.WithPinning(cfg.pinned))
+	pinned := cfg.pinnedBudget > 0
+	t.dev = nprdma.NewDevice(cfg.provider, nprdma.WithName("target"), nprdma.WithPinning(pinned))
 	t.pd = t.dev.AllocPD()
-	pool, err := nprdma.NewBufferPool(t.pd, nprdma.AccessLocalWrite)
-	if err != nil {
+	fail := func(err error) (*Target, error) {
+		t.closeMeta()
+		if t.pins != nil {
+			t.pins.release()
+		}
 		t.dev.Close()
 		return nil, fmt.Errorf("target: %w", err)
 	}
+	pool, err := nprdma.NewBufferPool(t.pd, nprdma.AccessLocalWrite)
+	if err != nil {
+		return fail(err)
+	}
 	t.pool = pool
+	if pinned {
+		if t.pins, err = newPinnedArena(t.pd, cfg.pinnedBudget); err != nil {
+			return fail(err)
+		}
+	}
 	if cfg.dataDir != "" {
 		if t.meta, err = openMeta(cfg.dataDir, t.log); err != nil {
-			t.dev.Close()
-			return nil, fmt.Errorf("target: %w", err)
+			return fail(err)
 		}
 		if t.wasClean, err = t.meta.markRunning(); err != nil {
-			t.meta.close()
-			t.dev.Close()
-			return nil, fmt.Errorf("target: %w", err)
+			return fail(err)
 		}
 	}
 	if cfg.reg != nil {
 		if t.met, err = newMetrics(cfg.reg, t); err != nil {
-			t.closeMeta()
-			t.dev.Close()
-			return nil, fmt.Errorf("target: metrics: %w", err)
+			return fail(fmt.Errorf("metrics: %w", err))
 		}
 	}
 	return t, nil
@@ -214,6 +249,7 @@ func (t *Target) Start() error {
 		fabric.WithQueueEntries(fabric.DefaultAdminQueueEntries, t.cfg.queueDepth),
 		fabric.WithInCapsuleData(t.cfg.icd),
 		fabric.WithMaxQueueID(t.cfg.maxIOQueues),
+		fabric.WithMaxQueues(t.cfg.maxConnections),
 		fabric.WithDataPool(t.pool),
 		fabric.WithListenLogger(t.log),
 	}
@@ -388,6 +424,9 @@ func (t *Target) close() error {
 		t.ln.ClosePool()
 	}
 	t.pool.Close()
+	if t.pins != nil {
+		t.pins.release()
+	}
 	t.dev.Close()
 	return errors.Join(errs...)
 }

@@ -44,7 +44,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9420; empty: off)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "log level: debug, info, warn, error"},
 			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP) or loop (in-process; for tests only)"},
-			&cli.BoolFlag{Name: "pin", Usage: "baseline for benchmarks: keep each namespace wholly in DRAM, registered PINNED up front like a conventional RDMA target (needs namespaces that fit --memory); exists for comparison only"},
+			&cli.BoolFlag{Name: "pin", Usage: "baseline for benchmarks only, a conventional RDMA target: at start, allocate the whole --memory and register it PINNED (mlock; seconds per GiB) before serving; a namespace that fits in it is held there wholly and read one-sided, a larger one is served two-sided only from its backing device (no region descriptor); exists for comparison, not for use"},
 			&cli.IntFlag{Name: "gomaxprocs", Value: defaultGOMAXPROCS, Usage: "Go scheduler threads (GOMAXPROCS): the target blocks in backing-device reads (major faults) from goroutines, and each blocked goroutine holds one until the runtime hands it off; 0 keeps the runtime's default"},
 			&cli.IntFlag{Name: "queue-depth", Value: 128, Usage: "largest I/O queue a host may open (entries)"},
 			&cli.DurationFlag{Name: "max-keep-alive", Value: 0, Usage: "cap on the keep-alive timeout hosts ask for (0: 5m0s)"},

@@ -87,7 +87,7 @@ func TestParseBacking(t *testing.T) {
 }
 
 func TestSplitBudget(t *testing.T) {
-	got, err := splitBudget(100<<20, []int64{300 << 20, 100 << 20, 1 << 30}, []int64{0, 0, 20 << 20}, false)
+	got, err := splitBudget(100<<20, []int64{300 << 20, 100 << 20, 1 << 30}, []int64{0, 0, 20 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,11 +95,8 @@ func TestSplitBudget(t *testing.T) {
 	if got[0] != 60<<20 || got[1] != 20<<20 || got[2] != 20<<20 {
 		t.Fatalf("split %v", got)
 	}
-	if _, err := splitBudget(10<<20, []int64{1 << 30}, []int64{20 << 20}, false); err == nil {
+	if _, err := splitBudget(10<<20, []int64{1 << 30}, []int64{20 << 20}); err == nil {
 		t.Fatal("budgets beyond --memory accepted")
-	}
-	if _, err := splitBudget(10<<20, []int64{1 << 30}, []int64{0}, true); err == nil {
-		t.Fatal("--pin with a namespace larger than --memory accepted")
 	}
 }
 

@@ -79,7 +79,10 @@ func serve(cc *cli.Context) error {
 
 	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.String("listen")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
-		target.WithQueueDepth(cc.Int("queue-depth")), target.WithPinnedNamespaces(cc.Bool("pin"))}
+		target.WithQueueDepth(cc.Int("queue-depth"))}
+	if cc.Bool("pin") {
+		opts = append(opts, target.WithPinnedBudget(memory))
+	}
 	if d := cc.Duration("busy-poll"); d > 0 {
 		opts = append(opts, target.WithBusyPoll(d))
 	}
@@ -120,7 +123,7 @@ func serve(cc *cli.Context) error {
 		sizes = append(sizes, o.dev.Size())
 		fixed = append(fixed, o.spec.budget)
 	}
-	budgets, err := splitBudget(memory, sizes, fixed, cc.Bool("pin"))
+	budgets, err := splitBudget(memory, sizes, fixed)
 	if err != nil {
 		closeAll()
 		return err
@@ -153,7 +156,14 @@ func serve(cc *cli.Context) error {
 				}
 				return err
 			}
-			summary = append(summary, fmt.Sprintf("%s ns %d = %s (%s, DRAM %s)", s.NQN, n.NSID(), o.spec.Backing, formatSize(n.Size()), formatSize(budgets[j])))
+			dram := "DRAM " + formatSize(budgets[j])
+			switch {
+			case n.Pinned():
+				dram = "held in pinned DRAM"
+			case !n.OneSided():
+				dram = "larger than the pinned DRAM left: two-sided only"
+			}
+			summary = append(summary, fmt.Sprintf("%s ns %d = %s (%s, %s)", s.NQN, n.NSID(), o.spec.Backing, formatSize(n.Size()), dram))
 		}
 		if !s.AllowAnyHost && len(sub.Hosts()) == 0 {
 			log.Warn("no host may connect to this subsystem: add --allow-host NQN or --allow-any-host", "subsystem", s.NQN)
@@ -176,7 +186,7 @@ func serve(cc *cli.Context) error {
 	}
 	mode := "unpinned (NP-RDMA)"
 	if cc.Bool("pin") {
-		mode = "PINNED baseline"
+		mode = "PINNED baseline (" + formatSize(memory) + " pinned at start)"
 	}
 	fmt.Fprintf(os.Stderr, "nprdma-target: serving %s over %s on %s, regions %s, previous shutdown clean: %v\n"+
 		"nprdma-target: connect with: nprdma-initiator discover --target %s\n",
@@ -230,18 +240,13 @@ func subsystemsFromFlags(cc *cli.Context) ([]subsystemSpec, error) {
 }
 
 // splitBudget gives each namespace without a budget of its own a share of
-// memory (what the explicit budgets leave) in proportion to its size. In
-// the pinned baseline every namespace takes its whole size, and they must
-// fit.
-func splitBudget(memory int64, sizes, fixed []int64, pinned bool) ([]int64, error) {
+// memory (what the explicit budgets leave) in proportion to its size. The
+// pinned baseline (--pin) ignores the shares: it pins the whole of memory
+// and places namespaces in it while they fit.
+func splitBudget(memory int64, sizes, fixed []int64) ([]int64, error) {
 	out := make([]int64, len(sizes))
 	var fixedSum, freeSizes int64
 	for i, s := range sizes {
-		if pinned {
-			out[i] = s
-			fixedSum += s
-			continue
-		}
 		if fixed[i] > 0 {
 			out[i] = fixed[i]
 			fixedSum += fixed[i]
@@ -250,9 +255,6 @@ func splitBudget(memory int64, sizes, fixed []int64, pinned bool) ([]int64, erro
 		}
 	}
 	if fixedSum > memory {
-		if pinned {
-			return nil, fmt.Errorf("--pin: the namespaces need %s of DRAM, --memory is %s", formatSize(fixedSum), formatSize(memory))
-		}
 		return nil, fmt.Errorf("namespace budgets add up to %s, more than --memory %s", formatSize(fixedSum), formatSize(memory))
 	}
 	left := memory - fixedSum

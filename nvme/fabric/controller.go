@@ -274,6 +274,7 @@ func (q *ControllerQueue) teardown() {
 	// recvBuf is Go memory: executing handlers may still read their
 	// in-capsule data from it; the collector frees it after them.
 	q.recvMR.Deregister()
+	q.l.live.Add(-1)
 }
 
 func (q *ControllerQueue) dispatch(wc *nprdma.WC) {

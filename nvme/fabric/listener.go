@@ -24,6 +24,10 @@ const (
 	DefaultInCapsuleData = 8192
 	// DefaultMaxQueueID bounds the I/O queue IDs a connection may name.
 	DefaultMaxQueueID = 64
+	// DefaultMaxQueues bounds the queues (queue pairs) a listener keeps at
+	// once, connected to a controller or not: each holds receive buffers of
+	// up to entries × (64 B + in-capsule data), about 1 MiB at 128 entries.
+	DefaultMaxQueues = 1024
 	// MaxTransfer is the largest data transfer of one command: the largest
 	// buffer of an nprdma.BufferPool.
 	MaxTransfer = nprdma.MaxBufferClass
@@ -37,6 +41,7 @@ type listenConfig struct {
 	ioEntries    int
 	icd          int
 	maxQID       int
+	maxQueues    int
 	qpTimeout    time.Duration
 	pool         *nprdma.BufferPool
 	log          *slog.Logger
@@ -54,6 +59,11 @@ func WithInCapsuleData(n int) ListenOption { return func(c *listenConfig) { c.ic
 
 // WithMaxQueueID bounds the queue IDs a connection request may name.
 func WithMaxQueueID(n int) ListenOption { return func(c *listenConfig) { c.maxQID = n } }
+
+// WithMaxQueues bounds the queues alive at once (default DefaultMaxQueues;
+// 0 or less: no bound). A connection request beyond it is refused with the
+// REJECT status "no resources", logged and counted.
+func WithMaxQueues(n int) ListenOption { return func(c *listenConfig) { c.maxQueues = n } }
 
 // WithControllerQPTimeout sets the queue pairs' peer-silence timeout (see
 // nprdma.QPConfig.Timeout).
@@ -88,6 +98,7 @@ type Listener struct {
 	ownPool bool
 
 	rejected atomic.Uint64
+	live     atomic.Int64 // queues accepted and not torn down
 }
 
 // Listen starts accepting queues on addr with queue pairs of pd.
@@ -97,6 +108,7 @@ func Listen(pd *nprdma.PD, addr string, opts ...ListenOption) (*Listener, error)
 		ioEntries:    DefaultIOQueueEntries,
 		icd:          DefaultInCapsuleData,
 		maxQID:       DefaultMaxQueueID,
+		maxQueues:    DefaultMaxQueues,
 		log:          slog.Default(),
 	}
 	for _, o := range opts {
@@ -135,6 +147,9 @@ func (l *Listener) Pool() *nprdma.BufferPool { return l.pool }
 
 // Rejected counts connection requests refused so far.
 func (l *Listener) Rejected() uint64 { return l.rejected.Load() }
+
+// Queues is the number of queues accepted and not yet torn down.
+func (l *Listener) Queues() int { return int(l.live.Load()) }
 
 // InCapsuleData is the in-capsule data limit of the I/O queues.
 func (l *Listener) InCapsuleData() int { return l.cfg.icd }
@@ -201,13 +216,20 @@ func (l *Listener) accept(req *nprdma.ConnRequest) (*ControllerQueue, error) {
 		return nil, &nvme.CMRejectError{Status: nvme.CMRejectInvalidHRQSIZE,
 			Detail: fmt.Sprintf("queue %d: host receive queue of 0 entries", cm.QID)}
 	}
+	if n := l.live.Add(1); l.cfg.maxQueues > 0 && n > int64(l.cfg.maxQueues) {
+		l.live.Add(-1)
+		return nil, &nvme.CMRejectError{Status: nvme.CMRejectNoResources,
+			Detail: fmt.Sprintf("queue %d: %d queues connected, the limit", cm.QID, l.cfg.maxQueues)}
+	}
 	q, err := newControllerQueue(l, cm, entries, icd, req.RemoteAddr())
 	if err != nil {
+		l.live.Add(-1)
 		return nil, &nvme.CMRejectError{Status: nvme.CMRejectNoResources, Detail: err.Error()}
 	}
 	acc := nvme.CMAccept{CRQSIZE: uint16(entries)}
 	if err := req.Accept(q.qp, acc.Marshal()); err != nil {
 		q.destroy()
+		l.live.Add(-1)
 		return nil, fmt.Errorf("nvme fabric: accept queue %d from %s: %w", cm.QID, req.RemoteAddr(), err)
 	}
 	return q, nil

@@ -1,0 +1,211 @@
+package reliability_test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// childEnv makes the test binary run a child role instead of the tests (see
+// runChild): the initiator that TestTargetSurvivesInitiatorSIGKILL kills.
+const childEnv = "NPRDMA_RELIABILITY_CHILD"
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(childEnv); role != "" {
+		os.Exit(runChild(role))
+	}
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// built is the nprdma-target binary this test run built (once).
+var built struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+// targetBinary is the nprdma-target command: NPRDMA_TARGET_BIN, or built
+// from this module's ./cmd/nprdma-target into a temporary directory.
+func targetBinary(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("NPRDMA_TARGET_BIN"); p != "" {
+		return p
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("needs the go command to build nprdma-target (or NPRDMA_TARGET_BIN naming a built one)")
+	}
+	built.once.Do(func() {
+		root, err := moduleRoot()
+		if err != nil {
+			built.err = err
+			return
+		}
+		if built.dir, err = os.MkdirTemp("", "nprdma-reliability-"); err != nil {
+			built.err = err
+			return
+		}
+		path := filepath.Join(built.dir, "nprdma-target")
+		cmd := exec.Command("go", "build", "-o", path, "./cmd/nprdma-target")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build ./cmd/nprdma-target: %v\n%s", err, out)
+			return
+		}
+		built.path = path
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.path
+}
+
+// moduleRoot is the directory of the go.mod above the working directory.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// freeAddr is a loopback address with a port nobody listens on (for a
+// target that must come back on the same address after a restart).
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// targetProc is an nprdma-target process this test started.
+type targetProc struct {
+	cmd    *exec.Cmd
+	addr   string
+	banner string
+	mu     sync.Mutex
+	log    bytes.Buffer
+	exited chan struct{}
+	err    error // of Wait, once exited is closed
+}
+
+// targetArgs are the flags of a target serving the file backing as the one
+// namespace of subNQN to any host, its metadata in dataDir.
+func targetArgs(backing, dataDir, listen, memory string) []string {
+	return []string{"--backing", backing, "--memory", memory, "--listen", listen, "--nqn", subNQN,
+		"--allow-any-host", "--data-dir", dataDir, "--log-level", "warn"}
+}
+
+// startTargetProc starts the target and waits until it serves. It is
+// killed, if still running, when the test ends.
+func startTargetProc(t testing.TB, args ...string) *targetProc {
+	t.Helper()
+	p, err := startTargetProcE(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func startTargetProcE(t testing.TB, args ...string) (*targetProc, error) {
+	t.Helper()
+	cmd := exec.Command(targetBinary(t), args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &targetProc{cmd: cmd, exited: make(chan struct{})}
+	t.Cleanup(func() { p.kill(syscall.SIGKILL) })
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			l := sc.Text()
+			p.mu.Lock()
+			p.log.WriteString(l + "\n")
+			if strings.Contains(l, "nprdma-target: serving") {
+				p.banner = l
+			}
+			if i := strings.Index(l, "discover --target "); i >= 0 && p.addr == "" {
+				p.addr = strings.TrimSpace(l[i+len("discover --target "):])
+				close(ready)
+			}
+			p.mu.Unlock()
+		}
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	select {
+	case <-ready:
+		return p, nil
+	case <-p.exited:
+		return nil, fmt.Errorf("nprdma-target exited before serving (%v):\n%s", p.err, p.output())
+	case <-time.After(60 * time.Second):
+		p.kill(syscall.SIGKILL)
+		return nil, fmt.Errorf("nprdma-target did not start within 60 s:\n%s", p.output())
+	}
+}
+
+func (p *targetProc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// kill sends sig and, for SIGKILL, waits for the process to be gone.
+func (p *targetProc) kill(sig syscall.Signal) {
+	select {
+	case <-p.exited:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(sig)
+	if sig == syscall.SIGKILL {
+		<-p.exited
+	}
+}
+
+// wait waits up to d for the process to exit and returns its exit code.
+func (p *targetProc) wait(t testing.TB, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.exited:
+	case <-time.After(d):
+		t.Fatalf("nprdma-target did not exit within %v:\n%s", d, p.output())
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode()
+	}
+	return 0
+}
