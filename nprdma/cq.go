@@ -33,6 +33,50 @@ type CQ struct {
 	bell     chan struct{}
 	users    atomic.Int32 // queue pairs attached
 	dead     atomic.Bool  // overflowed or closed: Wait must not park
+
+	qps    map[*QP]int        // attached queue pairs (as send and/or receive CQ), under mu
+	solo   atomic.Pointer[QP] // the only queue pair attached, if there is one
+	waiter cqWaiter           // what Wait passes to Driver.Drive
+}
+
+// cqWaiter is a CQ's goroutine in Wait, as a link driver sees it.
+type cqWaiter struct{ cq *CQ }
+
+// Done implements DriveWaiter: the queue has a completion or an error.
+func (w *cqWaiter) Done() bool { return w.cq.avail.Load() > 0 || w.cq.dead.Load() }
+
+// Wake implements DriveWaiter.
+func (w *cqWaiter) Wake() { w.cq.ring() }
+
+// attach and detach keep track of the queue pairs using the CQ: a waiter
+// may drive the link of the only one (direct completion, see Wait).
+func (cq *CQ) attach(qp *QP) {
+	cq.mu.Lock()
+	if cq.qps == nil {
+		cq.qps = map[*QP]int{}
+	}
+	cq.qps[qp]++
+	cq.setSoloLocked()
+	cq.mu.Unlock()
+}
+
+func (cq *CQ) detach(qp *QP) {
+	cq.mu.Lock()
+	if cq.qps[qp]--; cq.qps[qp] <= 0 {
+		delete(cq.qps, qp)
+	}
+	cq.setSoloLocked()
+	cq.mu.Unlock()
+}
+
+func (cq *CQ) setSoloLocked() {
+	var solo *QP
+	if len(cq.qps) == 1 {
+		for qp := range cq.qps {
+			solo = qp
+		}
+	}
+	cq.solo.Store(solo)
 }
 
 // CQOption configures a CQ.
@@ -50,6 +94,7 @@ func (d *Device) NewCQ(depth int, opts ...CQOption) *CQ {
 		depth = 1
 	}
 	cq := &CQ{dev: d, depth: depth, buf: make([]WC, depth), bell: make(chan struct{}, 1)}
+	cq.waiter.cq = cq
 	for _, o := range opts {
 		o(cq)
 	}
@@ -119,6 +164,12 @@ func (cq *CQ) Poll(wcs []WC) int {
 // Wait returns at least one completion, waiting until one arrives, ctx ends,
 // or the queue overflows or is closed (then its error once the queue is
 // empty).
+//
+// Direct completion: when a single queue pair uses the CQ and its link
+// allows it (nprdma/tcp does), the waiting goroutine receives the link's
+// packets itself instead of being woken by the link's goroutine; see
+// Driver. This does not change what Wait returns, only who runs the
+// receive path.
 func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 	if len(wcs) == 0 {
 		return 0, fmt.Errorf("nprdma: cq wait: empty completion slice")
@@ -151,6 +202,12 @@ func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 		if err := cq.err(); err != nil {
 			return 0, err
 		}
+		if cq.drive(ctx) {
+			if ctx.Err() != nil && cq.avail.Load() == 0 {
+				return 0, ctx.Err()
+			}
+			continue
+		}
 		cq.sleepers.Add(1)
 		if cq.avail.Load() > 0 || cq.dead.Load() {
 			cq.sleepers.Add(-1)
@@ -167,6 +224,25 @@ func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 			return 0, ctx.Err()
 		}
 	}
+}
+
+// drive receives on the link of the CQ's only queue pair until a completion
+// arrives or ctx ends; false if it cannot (several queue pairs, a link that
+// does not allow it or is busy receiving elsewhere). A busy-polling CQ
+// does not drive: its spinning goroutine already needs no wake-up.
+func (cq *CQ) drive(ctx context.Context) bool {
+	if cq.busyPoll > 0 {
+		return false
+	}
+	qp := cq.solo.Load()
+	if qp == nil || qp.State() != QPStateRTS {
+		return false
+	}
+	d := qp.driver.Load()
+	if d == nil {
+		return false
+	}
+	return d.Drive(ctx, &cq.waiter)
 }
 
 func (cq *CQ) err() error {

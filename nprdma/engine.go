@@ -77,7 +77,19 @@ func (qp *QP) serveRead(seq uint32, mr *MR, off, n int) {
 // serveUnpinnedRead copies each page touched between ReadBegin and ReadEnd;
 // a page that is absent, busy, or changed during the copy becomes the magic
 // page. It never blocks and never touches a page outside ReadBegin..ReadEnd.
+// On a link that copies payloads when the peer consumes them, that copy goes
+// straight into the requester's buffer (see unpinnedSource); otherwise the
+// pages are copied into staging buffers the link sends from.
 func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
+	if qp.copyAtDelivery {
+		src := getUnpinnedSource(qp.dev, mr, off, n)
+		p := Packet{Header: Header{Kind: PacketReadResponse, Seq: seq, Len: uint32(n), Last: true}, Src: src, Buf: src}
+		qp.respond(p)
+		if n >= flushAfter {
+			qp.link.Flush()
+		}
+		return
+	}
 	rs := &qp.rs
 	pager, ps := mr.pager, mr.pageSize
 	runs := rs.runs[:0]
@@ -138,6 +150,133 @@ func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
 	if n >= flushAfter {
 		qp.link.Flush()
 	}
+}
+
+// unpinnedSource is the payload of a READ response from an unpinned
+// region on a link that copies at delivery: the requester's goroutine
+// copies each page straight into its buffer between ReadBegin and ReadEnd,
+// and writes the magic page instead where that fails — what a NIC does
+// when it may write the destination and correct it before the completion.
+// Each page part is copied under one ReadBegin..ReadEnd even when the
+// destination is split inside it (the part then goes through spill), so a
+// page never mixes versions or data with magic.
+type unpinnedSource struct {
+	dev      *Device
+	mr       *MR
+	pos, end int  // region offsets: next byte to produce, end of the READ
+	serving  int8 // 0: not yet asked, 1: the region is held (beginServe), -1: deregistered
+	finished bool // counted and released
+	spill    []byte
+	spillAt  int // region offset of spill[0]
+	spillLen int
+	pages    uint64
+	magic    uint64
+}
+
+var sourcePool = sync.Pool{New: func() any { return new(unpinnedSource) }}
+
+func getUnpinnedSource(dev *Device, mr *MR, off, n int) *unpinnedSource {
+	s := sourcePool.Get().(*unpinnedSource)
+	s.dev, s.mr, s.pos, s.end = dev, mr, off, off+n
+	return s
+}
+
+// Read implements PayloadSource.
+func (s *unpinnedSource) Read(dst []byte) {
+	if s.serving == 0 {
+		// Deregister waits for reads under way; a region deregistered
+		// since the request was validated reads as magic pages.
+		s.serving = -1
+		if s.mr.beginServe() {
+			s.serving = 1
+		}
+	}
+	ps := s.mr.pageSize
+	for len(dst) > 0 {
+		if s.spillLen > 0 {
+			k := copy(dst, s.spill[s.pos-s.spillAt:s.spillLen])
+			dst, s.pos = dst[k:], s.pos+k
+			if s.pos == s.spillAt+s.spillLen {
+				s.spillLen = 0
+			}
+			continue
+		}
+		pe := min((s.pos/ps+1)*ps, s.end)
+		if pe-s.pos <= len(dst) {
+			s.copyPage(dst[:pe-s.pos], s.pos)
+			dst, s.pos = dst[pe-s.pos:], pe
+			continue
+		}
+		if len(s.spill) < ps {
+			s.spill = make([]byte, ps)
+		}
+		s.copyPage(s.spill[:pe-s.pos], s.pos)
+		s.spillAt, s.spillLen = s.pos, pe-s.pos
+	}
+	if s.pos == s.end {
+		s.finish()
+	}
+}
+
+// finish releases the region and counts the pages once the last byte is
+// produced: before the requester's completion, which follows the payload.
+func (s *unpinnedSource) finish() {
+	if s.finished {
+		return
+	}
+	s.finished = true
+	if s.serving > 0 {
+		s.mr.endServe()
+	}
+	if s.pages > 0 {
+		s.dev.ctr.unpinnedPagesRead.Add(s.pages)
+		if s.magic > 0 {
+			s.dev.ctr.magicPagesServed.Add(s.magic)
+		}
+	}
+}
+
+// copyPage copies the part of a page that starts at region offset at into
+// dst under the seqlock, or writes the magic page there.
+func (s *unpinnedSource) copyPage(dst []byte, at int) {
+	mr := s.mr
+	page := at / mr.pageSize
+	good := false
+	if s.serving > 0 {
+		if v, ok := mr.pager.ReadBegin(page); ok {
+			copy(dst, mr.buf[at:at+len(dst)])
+			good = mr.pager.ReadEnd(page, v)
+		}
+	}
+	s.pages++
+	if !good {
+		s.magic++
+		fillPhase(dst, mr.magic, at%8)
+	}
+}
+
+// Discard implements PayloadSource: skipped bytes are not read.
+func (s *unpinnedSource) Discard(n int) {
+	if s.spillLen > 0 {
+		k := min(n, s.spillAt+s.spillLen-s.pos)
+		s.pos, n = s.pos+k, n-k
+		if s.pos == s.spillAt+s.spillLen {
+			s.spillLen = 0
+		}
+	}
+	s.pos += n
+	if s.pos == s.end {
+		s.finish()
+	}
+}
+
+// Release implements Releaser: the link is done with the packet (consumed,
+// or dropped with the link).
+func (s *unpinnedSource) Release() {
+	s.finish()
+	spill := s.spill
+	*s = unpinnedSource{spill: spill}
+	sourcePool.Put(s)
 }
 
 // fillPhase fills dst with pattern's bytes starting at phase j: dst[i] is

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -60,6 +61,9 @@ type MR struct {
 	magic    uint64
 	tag      uint64 // access tag: 0 = any QP of the PD (see WithAccessTag)
 	dead     atomic.Bool
+	// serving counts READs being copied out of an unpinned region right now;
+	// Deregister waits for them so that the pager may go away after it.
+	serving atomic.Int64
 }
 
 // MROption configures a registration.
@@ -263,7 +267,10 @@ func (pd *PD) add(mr *MR) error {
 
 // Deregister revokes the region's keys: no new local or remote access is
 // accepted once it returns. Pinned memory is unlocked unless another live
-// region covers it.
+// region covers it. For an unpinned region it also waits for the READs
+// being copied out of the pager at that moment (one copy each; the engine
+// never blocks there), so the pager may be closed once it returns even
+// while queue pairs that used the region live on.
 func (mr *MR) Deregister() error {
 	if !mr.dead.CompareAndSwap(false, true) {
 		return nil
@@ -299,8 +306,24 @@ func (mr *MR) Deregister() error {
 		d.ctr.registeredBytes.Add(-int64(len(mr.buf)))
 	}
 	d.mu.Unlock()
+	for mr.serving.Load() > 0 {
+		time.Sleep(10 * time.Microsecond)
+	}
 	return err
 }
+
+// beginServe holds an unpinned region for one READ's copy (see Deregister);
+// it fails once the region is deregistered. endServe releases it.
+func (mr *MR) beginServe() bool {
+	mr.serving.Add(1)
+	if mr.dead.Load() {
+		mr.serving.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (mr *MR) endServe() { mr.serving.Add(-1) }
 
 // munlockUncoveredLocked unlocks mr's pages except those another live pinned
 // region still covers (mlock does not nest).

@@ -73,6 +73,39 @@ type Link interface {
 	Abort()
 }
 
+// Driver is implemented by links that let the goroutine waiting for a
+// completion receive in place of the link's own goroutine ("direct
+// completion"). A waiter that needs the next inbound packet then reads it
+// from the network itself, as a client blocked in read() does, instead of
+// being woken by the goroutine that read it: on a machine where waking a
+// goroutine on another CPU costs tens of microseconds, that hand-off is most
+// of the difference between a READ and a raw request/response.
+//
+// Contract: Drive delivers inbound packets to the link's Receiver on the
+// calling goroutine, with the same guarantees as the link's own goroutine
+// (one goroutine at a time, in order), until w.Done reports true (checked
+// between packets) or ctx ends; a packet it has begun to deliver is always
+// delivered whole. It reports false at once, delivering nothing, when it
+// cannot drive: another goroutine is receiving, the link is frozen or going
+// down. When the link's own goroutine was receiving, it gives the receive
+// side up at its next pause and calls w.Wake, so that the waiter can drive
+// next time. When Drive stops it flushes the responses the Receiver queued
+// but not an acknowledgement it owes (see Receiver.Idle): that goes with
+// the next request or at the next Idle. If nobody drives again within a
+// short delay the link's own goroutine resumes receiving, so inbound
+// packets never wait long for the application.
+type Driver interface {
+	Drive(ctx context.Context, w DriveWaiter) bool
+}
+
+// DriveWaiter is the goroutine that calls Driver.Drive.
+type DriveWaiter interface {
+	// Done reports whether the waiter has what it waits for.
+	Done() bool
+	// Wake wakes the waiter where it waits when it could not drive.
+	Wake()
+}
+
 // Receiver is the queue pair side of a link.
 type Receiver interface {
 	// Deliver hands over one inbound packet. Its payload (h.PayloadLen()
@@ -183,6 +216,11 @@ type Header struct {
 	Fill     bool
 	Pattern  uint64
 	Syndrome Syndrome // NAK
+	// HasAck marks a request (SEND, WRITE, READ_REQUEST) that carries a
+	// piggybacked acknowledgement of the receiver's own requests: Ack is the
+	// last one the sender executed (cumulative), as in an ACK packet.
+	HasAck bool
+	Ack    uint32
 }
 
 // PayloadLen is the number of payload bytes that follow the header.
@@ -203,6 +241,28 @@ func (h *Header) PayloadLen() int {
 type Packet struct {
 	Header
 	Data [][]byte
+	// Src, when set, produces the payload in place of Data at the moment
+	// the receiving side consumes it. Only links that implement
+	// DeliveryCopier are given such packets.
+	Src PayloadSource
 	// Buf, when set, is released once the payload has been consumed.
 	Buf Releaser
+}
+
+// PayloadSource produces a packet's payload as the receiver consumes it, in
+// order: the NIC engine uses it to copy an unpinned region straight into
+// the requester's buffer, page by page under the pager's seqlock.
+type PayloadSource interface {
+	// Read fills dst with the next len(dst) bytes of the payload.
+	Read(dst []byte)
+	// Discard skips the next n bytes without producing them.
+	Discard(n int)
+}
+
+// DeliveryCopier is implemented by links that move a payload by copying it
+// from the sender's memory when the receiver consumes it (nprdma/loop),
+// rather than when the packet is sent. Such links accept packets with a
+// Src, which the receiving side reads through its Payload.
+type DeliveryCopier interface {
+	CopiesAtDelivery()
 }

@@ -72,13 +72,22 @@ type QP struct {
 	sq sendQueue
 	rq recvQueue
 	rs responder // owned by the goroutine delivering packets
+	// ackOut is the acknowledgement the responder owes the peer (see owe):
+	// written by the delivering goroutine, claimed by it at Idle or by a
+	// poster that piggybacks it on a request.
+	ackOut atomic.Uint64
 
-	accessTag atomic.Uint64 // see SetAccessTag
+	accessTag      atomic.Uint64             // see SetAccessTag
+	copyAtDelivery bool                      // the link is a DeliveryCopier (set before it starts)
+	driver         atomic.Pointer[driverRef] // the link, if a waiter may receive on it
 
 	lastRx   atomic.Int64 // nanotime of the last packet from the peer
 	timer    *time.Timer  // peer-silence timeout
 	rnrTimer *time.Timer
 }
+
+// driverRef holds a link that implements Driver.
+type driverRef struct{ Driver }
 
 type sendQueue struct {
 	mu         sync.Mutex
@@ -128,12 +137,11 @@ type recvRecord struct {
 }
 
 type responder struct {
-	expected   uint32 // sequence number of the next request
-	nakMode    bool   // an RNR NAK was sent: drop requests until expected returns
-	ackPending bool
-	pkts       []Packet
-	refs       [][]byte
-	runs       []readRun
+	expected uint32 // sequence number of the next request
+	nakMode  bool   // an RNR NAK was sent: drop requests until expected returns
+	pkts     []Packet
+	refs     [][]byte
+	runs     []readRun
 }
 
 var epoch = time.Now()
@@ -204,6 +212,8 @@ func (pd *PD) NewQP(cfg QPConfig) (*QP, error) {
 	pd.mu.Unlock()
 	qp.sendCQ.users.Add(1)
 	qp.recvCQ.users.Add(1)
+	qp.sendCQ.attach(qp)
+	qp.recvCQ.attach(qp)
 	return qp, nil
 }
 
@@ -302,6 +312,10 @@ func (qp *QP) establish(link Link, remote uint32) error {
 	}
 	qp.link = link
 	qp.remoteNum = remote
+	if d, ok := link.(Driver); ok {
+		qp.driver.Store(&driverRef{d})
+	}
+	_, qp.copyAtDelivery = link.(DeliveryCopier)
 	qp.state.Store(int32(QPStateRTS))
 	link.Start(qp)
 	qp.ctl.Unlock()
@@ -400,6 +414,8 @@ func (qp *QP) Close() error {
 		qp.closeLinkDown()
 	}
 	qp.stopTimers()
+	qp.sendCQ.detach(qp)
+	qp.recvCQ.detach(qp)
 	qp.sendCQ.users.Add(-1)
 	qp.recvCQ.users.Add(-1)
 	qp.pd.mu.Lock()
@@ -649,6 +665,11 @@ func (qp *QP) transmitLocked() bool {
 	}
 	if len(pkts) == 0 {
 		return false
+	}
+	// The first request carries the acknowledgement the responder owes, so
+	// a request/response exchange needs no ACK packet in either direction.
+	if v := qp.takeAck(); v != 0 {
+		pkts[0].HasAck, pkts[0].Ack = true, uint32(v)
 	}
 	qp.link.Send(pkts)
 	clear(pkts)

@@ -24,6 +24,11 @@ func (qp *QP) deliver(h *Header, p Payload) error {
 		// After a failure or a disconnect nothing executes any more.
 		return discard(p, h.PayloadLen())
 	}
+	if h.HasAck {
+		if err := qp.onPiggybackAck(h.Ack); err != nil {
+			return err
+		}
+	}
 	switch h.Kind {
 	case PacketSend:
 		return qp.onSend(h, p)
@@ -45,14 +50,35 @@ func (qp *QP) deliver(h *Header, p Payload) error {
 }
 
 // Idle flushes acknowledgements and responses once the inbound stream is
-// drained, so one write carries every response to one read.
+// drained, so one write carries every response to one read. An
+// acknowledgement a request of ours already carried is not sent again.
 func (qp *QP) Idle() {
-	rs := &qp.rs
-	if rs.ackPending && qp.State() == QPStateRTS {
-		rs.ackPending = false
-		qp.respond(Packet{Header: Header{Kind: PacketAck, Seq: rs.expected - 1}})
+	if v := qp.takeAck(); v != 0 && qp.State() == QPStateRTS {
+		qp.respond(Packet{Header: Header{Kind: PacketAck, Seq: uint32(v)}})
 	}
 	qp.link.Flush()
+}
+
+// ackPendingBit in ackOut marks an acknowledgement owed to the peer; the low
+// 32 bits are the last request executed.
+const ackPendingBit = 1 << 32
+
+// owe records that the responder executed request seq and owes the peer its
+// acknowledgement: a standalone ACK at the next Idle, unless a request of
+// ours carries it first (see transmitLocked).
+func (qp *QP) owe(seq uint32) { qp.ackOut.Store(ackPendingBit | uint64(seq)) }
+
+// acknowledged records that a response (READ response, NAK) acknowledges
+// everything the responder executed so far.
+func (qp *QP) acknowledged() { qp.ackOut.Store(0) }
+
+// takeAck claims the acknowledgement owed, if any (0: none). Each value is
+// claimed once, by Idle or by a poster.
+func (qp *QP) takeAck() uint64 {
+	if qp.ackOut.Load() == 0 {
+		return 0
+	}
+	return qp.ackOut.Swap(0)
 }
 
 func (qp *QP) protocolError(format string, args ...any) error {
@@ -92,7 +118,7 @@ func (qp *QP) checkSeq(h *Header, p Payload) (bool, error) {
 // nak refuses request seq. Every NAK but RNR is fatal for both queue pairs:
 // the NAK is sent, then the link closes gracefully.
 func (qp *QP) nak(h *Header, p Payload, syn Syndrome, cause error) error {
-	qp.rs.ackPending = false // a NAK acknowledges everything before it
+	qp.acknowledged() // a NAK acknowledges everything before it
 	qp.respond(Packet{Header: Header{Kind: PacketNak, Seq: h.Seq, Syndrome: syn}})
 	if err := discard(p, h.PayloadLen()); err != nil {
 		return err
@@ -150,8 +176,8 @@ func (qp *QP) onSend(h *Header, p Payload) error {
 		return err
 	}
 	qp.completeRecv(WC{Status: StatusSuccess, Op: OpRecv, ByteLen: h.Len, Imm: h.Imm, HasImm: h.HasImm})
+	qp.owe(qp.rs.expected)
 	qp.rs.expected++
-	qp.rs.ackPending = true
 	return nil
 }
 
@@ -184,8 +210,8 @@ func (qp *QP) onWrite(h *Header, p Payload) error {
 	if h.HasImm {
 		qp.completeRecv(WC{Status: StatusSuccess, Op: OpRecvRDMAWithImm, ByteLen: h.Len, Imm: h.Imm, HasImm: true})
 	}
+	qp.owe(qp.rs.expected)
 	qp.rs.expected++
-	qp.rs.ackPending = true
 	return nil
 }
 
@@ -201,14 +227,23 @@ func (qp *QP) onReadRequest(h *Header, p Payload) error {
 	if h.Len > 0 {
 		var ok bool
 		mr, off, ok = qp.remoteRegion(h.RKey, h.Addr, h.Len, AccessRemoteRead)
+		// The copy out of an unpinned region holds it (see Deregister):
+		// here, or, on a link that copies at delivery, in unpinnedSource
+		// when the requester consumes the response.
+		if ok && mr.pager != nil && !qp.copyAtDelivery && !mr.beginServe() {
+			ok = false // deregistered since the lookup
+		}
 		if !ok {
 			qp.dev.ctr.remoteAccessErrors.Add(1)
 			return qp.nak(h, p, NakRemoteAccess, fmt.Errorf("%w: peer's READ of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
 		}
 	}
-	qp.rs.ackPending = false // the response acknowledges everything before it
+	qp.acknowledged() // the response acknowledges everything before it
 	qp.rs.expected++
 	qp.serveRead(h.Seq, mr, off, int(h.Len))
+	if mr != nil && mr.pager != nil && !qp.copyAtDelivery {
+		mr.endServe()
+	}
 	return nil
 }
 
@@ -249,6 +284,31 @@ func (qp *QP) onAck(h *Header) error {
 	sq.mu.Unlock()
 	if err != nil {
 		return qp.protocolError("ACK %d %v", h.Seq, err)
+	}
+	return nil
+}
+
+// onPiggybackAck handles the acknowledgement a request from the peer
+// carries. Unlike an ACK packet it may be stale: the peer's poster may have
+// claimed it before a response that acknowledged more overtook it on the
+// wire. A stale one changes nothing; one that covers a request never
+// transmitted, or a READ without its response, is a protocol violation.
+func (qp *QP) onPiggybackAck(ack uint32) error {
+	sq := &qp.sq
+	sq.mu.Lock()
+	head := qp.headSeqLocked()
+	if seqBefore(ack, head) {
+		sq.mu.Unlock()
+		return nil
+	}
+	err := qp.ackThroughLocked(int(ack-head) + 1)
+	qp.pushSendLocked()
+	if err == nil {
+		qp.settleHeadLocked()
+	}
+	sq.mu.Unlock()
+	if err != nil {
+		return qp.protocolError("piggybacked ACK %d %v", ack, err)
 	}
 	return nil
 }

@@ -114,6 +114,35 @@ func testUnpinned(t *testing.T, h Harness) {
 	}
 	check("large", 24*ps, 80*ps, magic, want)
 
+	// Scattered into three SGEs whose boundaries fall inside pages, one of
+	// them changing during its copy and one absent: each page part must
+	// still come from one copy, all data or all magic, whatever the way the
+	// destination is split.
+	pg.ChangeDuringCopy(105)
+	pg.SetState(107, nprdmatest.Absent)
+	off, n = 104*ps+500, 3*ps+1000            // pages 104..107
+	cuts := []int{0, ps + 700, 2*ps + 300, n} // inside pages 105 and 106
+	var sges []nprdma.SGE
+	for i := 0; i+1 < len(cuts); i++ {
+		sges = append(sges, lmr.SGE((i+1)*8*ps+cuts[i], cuts[i+1]-cuts[i])) // apart, in the local region
+	}
+	id++
+	post(t, cli.qp, nprdma.SendWR{ID: id, Op: nprdma.OpRead, SG: sges, RemoteAddr: addr(off), RKey: mr.RKey(), Signaled: true})
+	one(t, cli.scq, id, nprdma.OpRead, nprdma.StatusSuccess)
+	var got []byte
+	for i := 0; i+1 < len(cuts); i++ {
+		at := (i+1)*8*ps + cuts[i]
+		got = append(got, lbuf[at:at+cuts[i+1]-cuts[i]]...)
+	}
+	sameBytes(t, "scattered read", got, expect(off, n, map[int]bool{105: true, 107: true}))
+	wantPages += 4
+	wantMagic += 2
+	if ranges := cli.dev.FindMagicPages(got, addr(off), mr.Addr(), mr.PageSize(), mr.Magic()); len(ranges) != 2 ||
+		ranges[0] != (nprdma.PageRange{Off: 105*ps - off, Addr: addr(105 * ps), Len: ps}) ||
+		ranges[1] != (nprdma.PageRange{Off: 107*ps - off, Addr: addr(107 * ps), Len: off + n - 107*ps}) {
+		t.Fatalf("scattered read: suspected faults %+v", ranges)
+	}
+
 	if pg.InFlight() != 0 {
 		t.Fatalf("%d pager reads begun and never ended", pg.InFlight())
 	}

@@ -31,7 +31,9 @@ type endpoint struct {
 
 type item struct {
 	h    nprdma.Header
-	data [][]byte
+	data [][]byte  // a payload of several segments
+	one  [1][]byte // a payload of one segment
+	src  nprdma.PayloadSource
 	buf  nprdma.Releaser
 }
 
@@ -81,9 +83,13 @@ func (e *endpoint) Send(pkts []nprdma.Packet) {
 		return
 	}
 	for i := range pkts {
-		it := item{h: pkts[i].Header, buf: pkts[i].Buf}
-		if len(pkts[i].Data) > 0 {
-			it.data = append([][]byte(nil), pkts[i].Data...)
+		it := item{h: pkts[i].Header, src: pkts[i].Src, buf: pkts[i].Buf}
+		switch d := pkts[i].Data; len(d) {
+		case 0:
+		case 1:
+			it.one[0] = d[0] // the common case needs no allocation
+		default:
+			it.data = append([][]byte(nil), d...)
 		}
 		p.inbox = append(p.inbox, it)
 	}
@@ -93,6 +99,10 @@ func (e *endpoint) Send(pkts []nprdma.Packet) {
 
 // Flush implements nprdma.Link; Send already delivered.
 func (e *endpoint) Flush() {}
+
+// CopiesAtDelivery implements nprdma.DeliveryCopier: the receiver copies
+// payloads out of the sender's memory when it consumes them.
+func (e *endpoint) CopiesAtDelivery() {}
 
 // Close implements nprdma.Link: the peer delivers what it has, then sees the
 // end of the stream.
@@ -202,7 +212,10 @@ func (e *endpoint) run() {
 			e.deliverMu.Lock()
 			var err error
 			if !e.isBroken() {
-				e.pl = payload{data: it.data}
+				e.pl = payload{data: it.data, src: it.src, srcLeft: it.h.PayloadLen()}
+				if it.data == nil && it.one[0] != nil {
+					e.pl.data = it.one[:]
+				}
 				err = e.rx.Deliver(&it.h, &e.pl)
 				if err == nil && e.pl.remaining() > 0 {
 					err = e.pl.Discard(e.pl.remaining())
@@ -242,14 +255,20 @@ func (e *endpoint) finish(err error) {
 	e.rx.LinkDown(err)
 }
 
-// payload reads a packet's payload out of the sender's gather list.
+// payload reads a packet's payload out of the sender's gather list, or
+// from its source (nprdma.PayloadSource), which copies at this moment.
 type payload struct {
-	data [][]byte
-	i    int
-	off  int
+	data    [][]byte
+	i       int
+	off     int
+	src     nprdma.PayloadSource
+	srcLeft int
 }
 
 func (p *payload) remaining() int {
+	if p.src != nil {
+		return p.srcLeft
+	}
 	n := 0
 	for i := p.i; i < len(p.data); i++ {
 		n += len(p.data[i])
@@ -258,6 +277,14 @@ func (p *payload) remaining() int {
 }
 
 func (p *payload) Read(dst []byte) error {
+	if p.src != nil {
+		if len(dst) > p.srcLeft {
+			return io.ErrUnexpectedEOF
+		}
+		p.src.Read(dst)
+		p.srcLeft -= len(dst)
+		return nil
+	}
 	for len(dst) > 0 {
 		if p.i >= len(p.data) {
 			return io.ErrUnexpectedEOF
@@ -270,6 +297,14 @@ func (p *payload) Read(dst []byte) error {
 }
 
 func (p *payload) Discard(n int) error {
+	if p.src != nil {
+		if n > p.srcLeft {
+			return io.ErrUnexpectedEOF
+		}
+		p.src.Discard(n)
+		p.srcLeft -= n
+		return nil
+	}
 	for n > 0 {
 		if p.i >= len(p.data) {
 			return io.ErrUnexpectedEOF

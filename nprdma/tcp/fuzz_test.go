@@ -69,6 +69,15 @@ func frameSeeds() [][]byte {
 		enc(nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 64}, nprdma.Header{Kind: nprdma.PacketSend, Seq: 1, Len: 10, HasImm: true, Imm: 3},
 			nprdma.Header{Kind: nprdma.PacketReadRequest, Seq: 2, Len: 64, RKey: 1, Addr: 0}, nprdma.Header{Kind: nprdma.PacketWrite, Seq: 3, Len: 8, RKey: 1}),
 		enc(nprdma.Header{Kind: nprdma.PacketAck, Seq: 7}),
+		// Piggybacked acknowledgements: valid, stale, before the READ's
+		// data, beyond what was sent.
+		enc(nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 4096, Last: true},
+			nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 2}),
+		enc(nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 4096, Last: true}, nprdma.Header{Kind: nprdma.PacketAck, Seq: 2},
+			nprdma.Header{Kind: nprdma.PacketReadRequest, Seq: 0, Len: 8, RKey: 1, HasAck: true, Ack: 1}),
+		enc(nprdma.Header{Kind: nprdma.PacketWrite, Seq: 0, Len: 8, RKey: 1, HasAck: true, Ack: 0}),
+		enc(nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 4096, Last: true},
+			nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 5}),
 		enc(nprdma.Header{Kind: nprdma.PacketDisconnect}),
 		append(appendHeader(nil, &nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 1 << 20}), 1, 2, 3), // payload cut short
 	)
@@ -78,6 +87,12 @@ func frameSeeds() [][]byte {
 // fuzzPeer connects a queue pair to a stub, posts work, and feeds data to
 // it as the byte stream from the peer, through the real frame reader.
 func fuzzPeer(t *testing.T, data []byte) {
+	feedPeer(t, data)
+}
+
+// feedPeer is fuzzPeer, returning the completions and the queue pair's
+// error for tests that check them.
+func feedPeer(t *testing.T, data []byte) ([]nprdma.WC, error) {
 	dev := nprdma.NewDevice(stubProvider{}, nprdma.WithPinning(false))
 	defer dev.Close()
 	pd := dev.AllocPD()
@@ -123,6 +138,7 @@ func fuzzPeer(t *testing.T, data []byte) {
 			t.Fatalf("work request %d never completed (completions %+v)", id, wcs[:n])
 		}
 	}
+	return wcs[:n], qp.Err()
 }
 
 func FuzzFrameDecoder(f *testing.F) {
@@ -196,6 +212,53 @@ func TestWriteSeedCorpus(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%02d", i)), []byte(body), 0o644); err != nil {
 				t.Fatal(err)
 			}
+		}
+	}
+}
+
+// TestPiggybackedAckValidation feeds a queue pair (READ 0, SEND 1 signaled,
+// WRITE 2 posted) requests from the peer that carry acknowledgements.
+func TestPiggybackedAckValidation(t *testing.T) {
+	enc := func(hs ...nprdma.Header) []byte {
+		var b []byte
+		for _, h := range hs {
+			b = appendHeader(b, &h)
+			b = append(b, make([]byte, h.PayloadLen())...)
+		}
+		return b
+	}
+	readResp := nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 4096, Last: true}
+	status := func(wcs []nprdma.WC, id uint64) nprdma.Status {
+		for _, wc := range wcs {
+			if wc.ID == id {
+				return wc.Status
+			}
+		}
+		t.Fatalf("no completion of %d in %+v", id, wcs)
+		return 0
+	}
+	// Valid: the SEND from the peer acknowledges our SEND and WRITE, and
+	// is received.
+	wcs, err := feedPeer(t, enc(readResp, nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 2}))
+	if !errors.Is(err, nprdma.ErrPeerLost) || status(wcs, 11) != nprdma.StatusSuccess || status(wcs, 1) != nprdma.StatusSuccess {
+		t.Fatalf("valid piggybacked ACK: error %v, completions %+v", err, wcs)
+	}
+	// Stale: an ACK packet acknowledged everything already; the older
+	// acknowledgement a later request carries changes nothing.
+	wcs, err = feedPeer(t, enc(readResp, nprdma.Header{Kind: nprdma.PacketAck, Seq: 2},
+		nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 1}))
+	if !errors.Is(err, nprdma.ErrPeerLost) || status(wcs, 11) != nprdma.StatusSuccess || status(wcs, 1) != nprdma.StatusSuccess {
+		t.Fatalf("stale piggybacked ACK: error %v, completions %+v", err, wcs)
+	}
+	// Acknowledging the READ before its data, or a request never sent,
+	// breaks the protocol.
+	for name, stream := range map[string][]byte{
+		"READ without its data": enc(nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 0}),
+		"beyond what was sent":  enc(readResp, nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 5}),
+	} {
+		wcs, err := feedPeer(t, stream)
+		if !errors.Is(err, nprdma.ErrProtocol) || status(wcs, 1) != nprdma.StatusWRFlushed {
+			t.Fatalf("%s: error %v, completions %+v", name, err, wcs)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -23,20 +24,26 @@ import (
 // block, the rest is handed to a goroutine that waits for it, so no caller —
 // and never the reader goroutine — waits for the peer.
 //
-// Reading: one goroutine reads frames and hands them to the queue pair;
-// payloads are read straight into their destination (registered memory).
+// Reading: one goroutine at a time reads frames and hands them to the
+// queue pair, the link's reader goroutine or a waiter that drives the link
+// (receive.go); payloads are read straight into their destination
+// (registered memory).
 type link struct {
 	prov *Provider
 	nc   *net.TCPConn
 	rc   syscall.RawConn
 	rd   *reader
 	rx   nprdma.Receiver
+	rcv  rxState
+	intr interrupter
 
 	wmu      sync.Mutex
-	pend     *wbatch // queued, not yet being written
-	spare    *wbatch // a drained batch, kept for its buffers
-	busy     bool    // someone is writing
-	closing  bool    // Close: shut the write side down once drained
+	pend     *wbatch       // queued, not yet being written
+	spare    *wbatch       // a drained batch, kept for its buffers
+	busy     bool          // someone is writing
+	closing  bool          // Close: shut the write side down once drained
+	closed   atomic.Bool   // closing, readable without wmu
+	acksSent atomic.Uint64 // standalone ACK frames queued (for tests)
 	shut     bool
 	dead     bool
 	iov      []unix.Iovec
@@ -57,6 +64,7 @@ type wbatch struct {
 	hdr  []byte
 	segs []wseg
 	rels []nprdma.Releaser
+	size int // bytes queued
 	// write position
 	seg, segOff int
 }
@@ -70,7 +78,28 @@ func (b *wbatch) reset() {
 	}
 	clear(b.segs)
 	b.hdr, b.segs, b.rels = b.hdr[:0], b.segs[:0], b.rels[:0]
-	b.seg, b.segOff = 0, 0
+	b.seg, b.segOff, b.size = 0, 0, 0
+}
+
+// appendHeaderBytes queues the bytes hdr[off:] just appended to b.hdr.
+func (b *wbatch) appendHeaderBytes(off int) {
+	n := len(b.hdr) - off
+	if k := len(b.segs) - 1; k >= 0 && b.segs[k].data == nil && b.segs[k].off+b.segs[k].n == off {
+		b.segs[k].n += n // adjacent headers share an iovec
+	} else {
+		b.segs = append(b.segs, wseg{off: off, n: n})
+	}
+	b.size += n
+}
+
+// pad queues a PAD frame that brings the batch's size to want (mod
+// alignTo), if one is needed.
+func (b *wbatch) pad(want int) {
+	if k := padFor(b.size, want); k > 0 {
+		off := len(b.hdr)
+		b.hdr = appendPad(b.hdr, k)
+		b.appendHeaderBytes(off)
+	}
 }
 
 func (b *wbatch) drop() {
@@ -85,6 +114,8 @@ func newLink(p *Provider, nc *net.TCPConn, rd *reader) (*link, error) {
 	nc.SetNoDelay(true)
 	l := &link{prov: p, nc: nc, rc: rc, rd: rd, iov: make([]unix.Iovec, 0, 64), abortCh: make(chan struct{}), pend: new(wbatch), spare: new(wbatch)}
 	l.writeFn = l.writeSocket
+	l.rcv.wake = make(chan struct{}, 1)
+	rd.src = &connReader{nc: nc, rx: &l.rcv}
 	if !p.addLink(l) {
 		nc.Close()
 		return nil, errCrashed
@@ -116,17 +147,21 @@ func (l *link) Send(pkts []nprdma.Packet) {
 	b := l.pend
 	for i := range pkts {
 		p := &pkts[i]
+		if p.Kind == nprdma.PacketAck {
+			l.acksSent.Add(1)
+		}
+		if n := p.PayloadLen(); n >= alignPayload && len(p.Data) > 0 && len(p.Data[0]) > 0 {
+			// The payload starts where its source does, mod alignTo.
+			src := int(uintptr(unsafe.Pointer(unsafe.SliceData(p.Data[0]))))
+			b.pad(src - payloadOffset(&p.Header))
+		}
 		off := len(b.hdr)
 		b.hdr = appendHeader(b.hdr, &p.Header)
-		n := len(b.hdr) - off
-		if k := len(b.segs) - 1; k >= 0 && b.segs[k].data == nil && b.segs[k].off+b.segs[k].n == off {
-			b.segs[k].n += n // adjacent headers share an iovec
-		} else {
-			b.segs = append(b.segs, wseg{off: off, n: n})
-		}
+		b.appendHeaderBytes(off)
 		for _, d := range p.Data {
 			if len(d) > 0 {
 				b.segs = append(b.segs, wseg{data: d})
+				b.size += len(d)
 			}
 		}
 		if p.Buf != nil {
@@ -153,6 +188,7 @@ func (l *link) Flush() {
 		b := l.pend
 		l.pend, l.spare = l.spare, b
 		l.wmu.Unlock()
+		b.pad(0) // every write a multiple of alignTo: the next one starts aligned
 		done, err := l.write(b, false)
 		if err != nil {
 			l.writeFailed(b, err)
@@ -199,6 +235,7 @@ func (l *link) drain(b *wbatch) {
 		b = l.pend
 		l.pend, l.spare = l.spare, b
 		l.wmu.Unlock()
+		b.pad(0)
 	}
 }
 
@@ -301,6 +338,7 @@ func (b *wbatch) advance(n int) {
 func (l *link) Close() {
 	l.wmu.Lock()
 	l.closing = true
+	l.closed.Store(true)
 	if !l.busy && len(l.pend.segs) == 0 {
 		l.shutdownIfDoneLocked()
 	}
@@ -308,6 +346,7 @@ func (l *link) Close() {
 	if !l.busyNow() {
 		l.Flush()
 	}
+	l.wakeReader() // the peer's end of stream must be read
 }
 
 func (l *link) busyNow() bool {
@@ -346,69 +385,6 @@ var (
 	errAborted = errors.New("tcp: link aborted")
 	errCrashed = errors.New("tcp: provider crashed")
 )
-
-func (l *link) readLoop() {
-	err := l.readFrames()
-	l.wmu.Lock()
-	l.dead = true
-	if !l.busy {
-		l.pend.drop()
-	}
-	l.wmu.Unlock()
-	l.nc.Close()
-	l.prov.removeLink(l)
-	l.rx.LinkDown(err)
-}
-
-func (l *link) readFrames() error {
-	var h nprdma.Header
-	lastPayload := 0
-	pl := &l.wpayload
-	pl.rd = l.rd
-	rd := l.rd
-	for {
-		if err := l.prov.waitThawed(l); err != nil {
-			return err
-		}
-		if rd.buffered() == 0 {
-			// About to wait for the network: let the queue pair send its
-			// acknowledgements and responses first, in one write.
-			l.rx.Idle()
-			// After a large payload the next frame is likely large too:
-			// read little ahead, so that its payload goes straight to its
-			// destination rather than through the buffer.
-			if err := rd.fillAtMost(1, readAhead(lastPayload)); err != nil {
-				return err
-			}
-		}
-		n := headerLen(rd.peek()[0])
-		if n == 0 {
-			return fmt.Errorf("tcp: %w: %w: unknown frame type %d", nprdma.ErrProtocol, errFrame, rd.peek()[0])
-		}
-		if rd.buffered() < n {
-			l.rx.Idle()
-			if err := rd.fill(n); err != nil {
-				return err
-			}
-		}
-		if _, err := parseHeader(rd.peek(), &h); err != nil {
-			return fmt.Errorf("tcp: %w: %w", nprdma.ErrProtocol, err)
-		}
-		rd.consume(n)
-		pl.remaining = h.PayloadLen()
-		lastPayload = pl.remaining
-		if pl.remaining > rd.buffered() {
-			l.rx.Idle() // about to wait for the payload: flush responses first
-		}
-		err := l.rx.Deliver(&h, pl)
-		if err == nil && pl.remaining > 0 {
-			err = pl.Discard(pl.remaining)
-		}
-		if err != nil {
-			return err
-		}
-	}
-}
 
 // payload is the payload of the frame being delivered, read from the
 // socket straight into the destination.

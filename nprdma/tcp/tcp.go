@@ -22,6 +22,7 @@ import (
 type Provider struct {
 	handshakeTimeout time.Duration
 	readBuffer       int
+	linger           time.Duration // direct completion; 0: off
 
 	mu        sync.Mutex
 	links     map[*link]struct{}
@@ -47,11 +48,28 @@ func WithReadBufferSize(n int) Option {
 	return func(p *Provider) { p.readBuffer = max(n, 2*maxHeaderLen+nprdma.MaxPrivateData) }
 }
 
+// DefaultDirectLinger is how long a connection's receive side stays with
+// the goroutines that wait for its completions after one of them last
+// received (see WithDirectCompletion).
+const DefaultDirectLinger = 200 * time.Microsecond
+
+// WithDirectCompletion sets how long a connection waits for a goroutine
+// waiting on a completion queue to come back and receive for itself before
+// the connection's reader goroutine takes over again (default
+// DefaultDirectLinger; 0 turns direct completion off: every packet is then
+// received by the reader goroutine and completions are handed over). This
+// bounds how long an inbound request or acknowledgement may wait while the
+// application is busy elsewhere. See docs/nprdma.md.
+func WithDirectCompletion(linger time.Duration) Option {
+	return func(p *Provider) { p.linger = max(linger, 0) }
+}
+
 // New returns a tcp provider.
 func New(opts ...Option) *Provider {
 	p := &Provider{
 		handshakeTimeout: 10 * time.Second,
 		readBuffer:       64 << 10,
+		linger:           DefaultDirectLinger,
 		links:            map[*link]struct{}{},
 		listeners:        map[*listener]struct{}{},
 		thawed:           make(chan struct{}),

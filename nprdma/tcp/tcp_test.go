@@ -190,7 +190,7 @@ func rawConnect(t *testing.T, addr string) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	connect := []byte{16, 0, 0, 0, 0, 0, 0, 0, 'N', 'P', 'R', 'D', 1, 0, 0, 0, 1, 0, 0, 0}
+	connect := []byte{16, 0, 0, 0, 0, 0, 0, 0, 'N', 'P', 'R', 'D', 2, 0, 0, 0, 1, 0, 0, 0} // protocol version 2
 	if _, err := c.Write(connect); err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestPeerClaimsHugeFrame(t *testing.T) {
 	if err := <-accepted; err != nil {
 		t.Fatal(err)
 	}
-	hdr := make([]byte, 16)
+	hdr := make([]byte, 20)
 	hdr[0] = 1 // SEND
 	binary.LittleEndian.PutUint32(hdr[8:], 0xffffffff)
 	if _, err := c.Write(hdr); err != nil {

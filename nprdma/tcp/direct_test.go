@@ -1,0 +1,409 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nprdma/nprdma/nprdma"
+)
+
+// directPair is a client and a server QP, each on a provider of its own, so
+// that each provider holds exactly one link.
+type directPair struct {
+	cliProv, srvProv *Provider
+	cli, srv         *nprdma.QP
+	cliSCQ, cliRCQ   *nprdma.CQ
+	srvSCQ, srvRCQ   *nprdma.CQ
+	lmr, rmr         *nprdma.MR
+	lbuf, rbuf       []byte
+}
+
+func newDirectPair(t *testing.T, cliOpts, srvOpts []Option) *directPair {
+	t.Helper()
+	p := &directPair{cliProv: New(cliOpts...), srvProv: New(srvOpts...)}
+	cdev := nprdma.NewDevice(p.cliProv, nprdma.WithPinning(false))
+	sdev := nprdma.NewDevice(p.srvProv, nprdma.WithPinning(false))
+	t.Cleanup(func() { cdev.Close(); sdev.Close() })
+	cpd, spd := cdev.AllocPD(), sdev.AllocPD()
+	p.cliSCQ, p.cliRCQ = cdev.NewCQ(256), cdev.NewCQ(256)
+	p.srvSCQ, p.srvRCQ = sdev.NewCQ(256), sdev.NewCQ(256)
+	var err error
+	if p.cli, err = cpd.NewQP(nprdma.QPConfig{SendCQ: p.cliSCQ, RecvCQ: p.cliRCQ}); err != nil {
+		t.Fatal(err)
+	}
+	if p.srv, err = spd.NewQP(nprdma.QPConfig{SendCQ: p.srvSCQ, RecvCQ: p.srvRCQ}); err != nil {
+		t.Fatal(err)
+	}
+	p.lbuf, p.rbuf = make([]byte, 16<<20), make([]byte, 16<<20)
+	rand.Read(p.rbuf)
+	rw := nprdma.AccessLocalWrite | nprdma.AccessRemoteRead | nprdma.AccessRemoteWrite
+	if p.lmr, err = cpd.Register(p.lbuf, rw); err != nil {
+		t.Fatal(err)
+	}
+	if p.rmr, err = spd.Register(p.rbuf, rw); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := sdev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	accepted := make(chan error, 1)
+	go func() {
+		req, err := ln.Accept(ctx)
+		if err == nil {
+			err = req.Accept(p.srv, nil)
+		}
+		accepted <- err
+	}()
+	if _, err := p.cli.Connect(ctx, ln.Addr(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-accepted; err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// onlyLink is the provider's one link.
+func onlyLink(t *testing.T, p *Provider) *link {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.links) != 1 {
+		t.Fatalf("provider has %d links, want 1", len(p.links))
+	}
+	for l := range p.links {
+		return l
+	}
+	return nil
+}
+
+func waitOne(t *testing.T, ctx context.Context, cq *nprdma.CQ, id uint64, op nprdma.Opcode) {
+	t.Helper()
+	wcs := make([]nprdma.WC, 1)
+	if _, err := cq.Wait(ctx, wcs); err != nil {
+		t.Fatal(err)
+	}
+	if wcs[0].ID != id || wcs[0].Op != op || wcs[0].Status != nprdma.StatusSuccess {
+		t.Fatalf("completion %+v (%s), want id %d op %s success", wcs[0], wcs[0].Status, id, op)
+	}
+}
+
+func (p *directPair) read(t *testing.T, ctx context.Context, id uint64, off, n int) {
+	t.Helper()
+	if err := p.cli.PostSend(nprdma.SendWR{ID: id, Op: nprdma.OpRead, SG: []nprdma.SGE{p.lmr.SGE(0, n)},
+		RemoteAddr: p.rmr.Addr() + uint64(off), RKey: p.rmr.RKey(), Signaled: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitOne(t, ctx, p.cliSCQ, id, nprdma.OpRead)
+	if !bytes.Equal(p.lbuf[:n], p.rbuf[off:off+n]) {
+		t.Fatalf("READ %d of [%d, +%d): wrong bytes", id, off, n)
+	}
+}
+
+// The waiter receives its completions itself: after the first READ (which
+// finds the reader goroutine receiving and asks it to step aside), every
+// READ is received by the goroutine in Wait. With direct completion off,
+// none is.
+func TestDirectCompletionDrives(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		linger time.Duration
+	}{{"on", time.Hour}, {"off", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newDirectPair(t, []Option{WithDirectCompletion(tc.linger)}, nil)
+			l := onlyLink(t, p.cliProv)
+			const n = 200
+			for i := 0; i < n; i++ {
+				p.read(t, ctx, uint64(i), (i%64)*4096, 4096)
+			}
+			drives := l.rcv.drives.Load()
+			// The first READs may find the reader goroutine still
+			// receiving (it steps aside at its next pause, which a slow
+			// scheduler can delay past the next READ or two).
+			if tc.linger > 0 && drives < n-10 {
+				t.Fatalf("%d of %d READs received by their waiter, want at least %d", drives, n, n-10)
+			}
+			if tc.linger == 0 && drives != 0 {
+				t.Fatalf("direct completion off, yet %d READs were received by their waiter", drives)
+			}
+		})
+	}
+}
+
+// When the waiter leaves, the reader goroutine takes the receive side back
+// after the linger time: a SEND whose completion nobody waits for is
+// received and completes.
+func TestDirectLingerHandsBack(t *testing.T) {
+	ctx := context.Background()
+	p := newDirectPair(t, []Option{WithDirectCompletion(time.Millisecond)}, nil)
+	l := onlyLink(t, p.cliProv)
+	if err := p.cli.PostRecv(nprdma.RecvWR{ID: 7, SG: []nprdma.SGE{p.lmr.SGE(1<<20, 64)}}); err != nil {
+		t.Fatal(err)
+	}
+	// The first READ asks the reader goroutine to step aside, the next is
+	// received by its waiter (unless this machine is so loaded that 1 ms
+	// passes between two READs: then try again).
+	for i := 0; l.rcv.drives.Load() == 0; i++ {
+		if i == 100 {
+			t.Fatal("no READ received by its waiter")
+		}
+		p.read(t, ctx, uint64(i+1), 0, 4096)
+	}
+	copy(p.rbuf[8<<20:], "hello from the server")
+	if err := p.srv.PostSend(nprdma.SendWR{ID: 9, Op: nprdma.OpSend, SG: []nprdma.SGE{p.rmr.SGE(8<<20, 21)}, Signaled: true}); err != nil {
+		t.Fatal(err)
+	}
+	// Nobody waits on the client's receive CQ: only the reader goroutine,
+	// back after the linger time, can deliver the SEND.
+	wcs := make([]nprdma.WC, 1)
+	deadline := time.Now().Add(30 * time.Second)
+	for p.cliRCQ.Poll(wcs) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the SEND was never received")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	if wcs[0].ID != 7 || wcs[0].Status != nprdma.StatusSuccess || wcs[0].ByteLen != 21 || string(p.lbuf[1<<20:1<<20+21]) != "hello from the server" {
+		t.Fatalf("receive completion %+v, bytes %q", wcs[0], p.lbuf[1<<20:1<<20+21])
+	}
+	l.rcv.mu.Lock()
+	owner := l.rcv.owner
+	l.rcv.mu.Unlock()
+	if owner != rxReader {
+		t.Fatalf("receive side owner %d after the linger, want the reader goroutine", owner)
+	}
+	// The server's SEND completes once its acknowledgement arrives.
+	waitOne(t, ctx, p.srvSCQ, 9, nprdma.OpSend)
+}
+
+// A waiter whose context ends stops driving between frames: the link
+// stays consistent, and the next wait receives what is still coming. Many
+// short waits during a 16 MiB READ end in the middle of its payload.
+func TestDriveContextEnds(t *testing.T) {
+	p := newDirectPair(t, []Option{WithDirectCompletion(time.Hour)}, nil)
+	ctx := context.Background()
+	p.read(t, ctx, 1, 0, 4096)
+	p.read(t, ctx, 2, 0, 4096)
+
+	short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+	defer cancel()
+	wcs := make([]nprdma.WC, 1)
+	if n, err := p.cliSCQ.Wait(short, wcs); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait with nothing outstanding: %d completions, error %v, want the context's", n, err)
+	}
+
+	// 32 READs of 512 KiB in flight, collected by waits of 200 µs: waits
+	// end between frames and in the middle of payloads.
+	const k, size = 32, 512 << 10
+	for i := 0; i < k; i++ {
+		if err := p.cli.PostSend(nprdma.SendWR{ID: uint64(100 + i), Op: nprdma.OpRead, SG: []nprdma.SGE{p.lmr.SGE(i*size, size)},
+			RemoteAddr: p.rmr.Addr() + uint64(i*size), RKey: p.rmr.RKey(), Signaled: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	interrupted, got := 0, 0
+	deadline := time.Now().Add(30 * time.Second)
+	for got < k {
+		c, cancel := context.WithTimeout(ctx, 200*time.Microsecond)
+		n, err := p.cliSCQ.Wait(c, wcs)
+		cancel()
+		if n == 0 {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("wait: %v", err)
+			}
+			interrupted++
+		}
+		for _, wc := range wcs[:n] {
+			if wc.ID != uint64(100+got) || wc.Status != nprdma.StatusSuccess {
+				t.Fatalf("completion %+v (%s), want READ %d", wc, wc.Status, 100+got)
+			}
+			got++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d READs completed", got, k)
+		}
+	}
+	if !bytes.Equal(p.lbuf[:k*size], p.rbuf[:k*size]) {
+		t.Fatal("READs collected by interrupted waits: wrong bytes")
+	}
+	t.Logf("%d waits ended by their context while the READs were under way", interrupted)
+	p.read(t, ctx, 4, 4096, 4096) // no stale deadline left behind
+}
+
+// Request/response exchanges carry their acknowledgements in the next
+// request: 100 SEND ping-pongs with signaled SENDs send no ACK frame, where
+// each side used to send one per message. The acknowledgement of the last
+// answer, owed with no request to carry it, goes out at the client's next
+// wait.
+func TestPiggybackedAcks(t *testing.T) {
+	p := newDirectPair(t, []Option{WithDirectCompletion(time.Hour)}, []Option{WithDirectCompletion(time.Hour)})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const rounds = 100
+	for i := 0; i < rounds+1; i++ {
+		p.cli.PostRecv(nprdma.RecvWR{ID: uint64(i), SG: []nprdma.SGE{p.lmr.SGE(1<<20, 64)}})
+		p.srv.PostRecv(nprdma.RecvWR{ID: uint64(i), SG: []nprdma.SGE{p.rmr.SGE(1<<20, 64)}})
+	}
+	answered := make(chan error, 1)
+	lastDone := make(chan error, 1)
+	go func() { // the server answers each SEND with a SEND
+		wcs := make([]nprdma.WC, 1)
+		waitFor := func(cq *nprdma.CQ, id uint64) error {
+			if _, err := cq.Wait(ctx, wcs); err != nil {
+				return err
+			}
+			if wcs[0].ID != id || wcs[0].Status != nprdma.StatusSuccess {
+				return fmt.Errorf("completion %+v (%s), want id %d", wcs[0], wcs[0].Status, id)
+			}
+			return nil
+		}
+		for i := 0; i < rounds; i++ {
+			if err := waitFor(p.srvRCQ, uint64(i)); err != nil {
+				answered <- err
+				return
+			}
+			if i > 0 { // acknowledged by the request just received
+				if err := waitFor(p.srvSCQ, uint64(i-1)); err != nil {
+					answered <- err
+					return
+				}
+			}
+			if err := p.srv.PostSend(nprdma.SendWR{ID: uint64(i), Op: nprdma.OpSend, SG: []nprdma.SGE{p.rmr.SGE(0, 64)}, Signaled: true}); err != nil {
+				answered <- err
+				return
+			}
+		}
+		answered <- nil
+		lastDone <- waitFor(p.srvSCQ, rounds-1)
+	}()
+	for i := 0; i < rounds; i++ {
+		if err := p.cli.PostSend(nprdma.SendWR{ID: uint64(i), Op: nprdma.OpSend, SG: []nprdma.SGE{p.lmr.SGE(0, 64)}, Signaled: true}); err != nil {
+			t.Fatal(err)
+		}
+		waitOne(t, ctx, p.cliRCQ, uint64(i), nprdma.OpRecv)
+		waitOne(t, ctx, p.cliSCQ, uint64(i), nprdma.OpSend)
+	}
+	if err := <-answered; err != nil {
+		t.Fatalf("server: %v", err)
+	}
+	cl, sl := onlyLink(t, p.cliProv), onlyLink(t, p.srvProv)
+	// Without piggybacking there would be one per message, 200; the few
+	// allowed come from the first exchanges, before the reader goroutines
+	// stepped aside for the waiters.
+	if a, b := cl.acksSent.Load(), sl.acksSent.Load(); a+b > 10 {
+		t.Fatalf("%d + %d ACK frames for %d request/response exchanges, want them piggybacked", a, b, rounds)
+	}
+	// Nothing more to send: the client's next wait sends the owed ACK
+	// before it blocks, and the server's last SEND completes.
+	short, cancelShort := context.WithTimeout(ctx, 20*time.Millisecond)
+	p.cliRCQ.Wait(short, make([]nprdma.WC, 1))
+	cancelShort()
+	if err := <-lastDone; err != nil {
+		t.Fatalf("server's last SEND: %v", err)
+	}
+	t.Logf("ACK frames: client %d, server %d", cl.acksSent.Load(), sl.acksSent.Load())
+}
+
+// A frozen provider delivers nothing, even to a goroutine that was driving
+// its link when the freeze came; after the thaw the packet is delivered.
+func TestDriverRespectsFreeze(t *testing.T) {
+	p := newDirectPair(t, nil, []Option{WithDirectCompletion(time.Hour)})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := 0; i < 3; i++ {
+		p.srv.PostRecv(nprdma.RecvWR{ID: uint64(i), SG: []nprdma.SGE{p.rmr.SGE(i*64, 64)}})
+	}
+	got := make(chan nprdma.WC, 3)
+	go func() {
+		wcs := make([]nprdma.WC, 1)
+		for i := 0; i < 3; i++ {
+			if _, err := p.srvRCQ.Wait(ctx, wcs); err != nil {
+				close(got)
+				return
+			}
+			got <- wcs[0]
+		}
+	}()
+	send := func(id uint64) {
+		if err := p.cli.PostSend(nprdma.SendWR{ID: id, Op: nprdma.OpSend, SG: []nprdma.SGE{p.lmr.SGE(0, 64)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := uint64(0); i < 2; i++ { // the second is received by the server's waiter
+		send(i)
+		if wc := <-got; wc.ID != i || wc.Status != nprdma.StatusSuccess {
+			t.Fatalf("receive %+v", wc)
+		}
+	}
+	if onlyLink(t, p.srvProv).rcv.drives.Load() == 0 {
+		t.Fatal("the server's waiter never received")
+	}
+	p.srvProv.Freeze()
+	send(2)
+	select {
+	case wc := <-got:
+		t.Fatalf("delivered while frozen: %+v", wc)
+	case <-time.After(50 * time.Millisecond):
+	}
+	p.srvProv.Thaw()
+	select {
+	case wc := <-got:
+		if wc.ID != 2 || wc.Status != nprdma.StatusSuccess {
+			t.Fatalf("receive after the thaw %+v", wc)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing delivered after the thaw")
+	}
+}
+
+// A waiter that comes while the provider is frozen and nobody receives
+// (the reader goroutine parked, no driver) hands the receive side back to
+// the reader goroutine, which delivers after the thaw; without that nobody
+// would receive until the linger time (an hour here).
+func TestWaitWhileFrozenAndNobodyReceives(t *testing.T) {
+	p := newDirectPair(t, nil, []Option{WithDirectCompletion(time.Hour)})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := 0; i < 3; i++ {
+		p.srv.PostRecv(nprdma.RecvWR{ID: uint64(i), SG: []nprdma.SGE{p.rmr.SGE(i*64, 64)}})
+	}
+	send := func(id uint64) {
+		if err := p.cli.PostSend(nprdma.SendWR{ID: id, Op: nprdma.OpSend, SG: []nprdma.SGE{p.lmr.SGE(0, 64)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wcs := make([]nprdma.WC, 1)
+	for i := uint64(0); i < 2; i++ { // the waiter ends up driving, then leaves
+		send(i)
+		if _, err := p.srvRCQ.Wait(ctx, wcs); err != nil || wcs[0].ID != i {
+			t.Fatalf("receive %d: %+v %v", i, wcs[0], err)
+		}
+	}
+	p.srvProv.Freeze()
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.srvRCQ.Wait(ctx, wcs)
+		done <- err
+	}()
+	send(2)
+	time.Sleep(20 * time.Millisecond)
+	p.srvProv.Thaw()
+	select {
+	case err := <-done:
+		if err != nil || wcs[0].ID != 2 || wcs[0].Status != nprdma.StatusSuccess {
+			t.Fatalf("receive after the thaw %+v: %v", wcs[0], err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing delivered after the thaw")
+	}
+}
