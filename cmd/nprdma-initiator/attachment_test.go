@@ -176,6 +176,21 @@ func (e *cliEnv) attachDaemon(name string, args ...string) attach.Record {
 
 // commands is how many commands of an opcode ("flush", "dataset-management")
 // the target completed.
+// commandsAbove waits (up to 10 s) for the target's count of opcode to
+// exceed n: the target counts a command after it has sent its completion,
+// so the host may see the command done before the counter moves.
+func (e *cliEnv) commandsAbove(opcode string, n float64) bool {
+	e.t.Helper()
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if e.commands(opcode) > n {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+	}
+}
+
 func (e *cliEnv) commands(opcode string) float64 {
 	e.t.Helper()
 	mfs, err := e.reg.Gather()
@@ -374,7 +389,7 @@ func TestAttachNBDModeWithTools(t *testing.T) {
 	flushes := e.commands("flush")
 	src, want := patternFile(t, nsSize, 1)
 	runTool(t, "nbdcopy", "--flush", src, rec.URI)
-	if e.commands("flush") <= flushes {
+	if !e.commandsAbove("flush", flushes) {
 		t.Error("nbdcopy --flush did not reach the target's Flush")
 	}
 	back := filepath.Join(t.TempDir(), "back")
@@ -387,7 +402,7 @@ func TestAttachNBDModeWithTools(t *testing.T) {
 	// Trim reaches Dataset Management.
 	dsm := e.commands("dataset-management")
 	runTool(t, "fio", "--name=trim", "--ioengine=nbd", "--uri="+rec.URI, "--rw=trim", "--bs=1m", "--size=4m")
-	if e.commands("dataset-management") <= dsm {
+	if !e.commandsAbove("dataset-management", dsm) {
 		t.Error("a trim through NBD did not reach the target's Dataset Management")
 	}
 
@@ -428,7 +443,7 @@ func TestAttachFUSEModeFilesystem(t *testing.T) {
 
 	dsm := e.commands("dataset-management")
 	runTool(t, "blkdiscard", "--offset", "0", "--length", strconv.Itoa(4<<20), dev)
-	if e.commands("dataset-management") <= dsm {
+	if !e.commandsAbove("dataset-management", dsm) {
 		t.Error("blkdiscard did not reach the target's Dataset Management")
 	}
 	flushes := e.commands("flush")
@@ -440,7 +455,7 @@ func TestAttachFUSEModeFilesystem(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	if e.commands("flush") <= flushes {
+	if !e.commandsAbove("flush", flushes) {
 		t.Error("fsync of the loop device did not reach the target's Flush")
 	}
 

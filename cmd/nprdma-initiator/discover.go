@@ -20,7 +20,10 @@ func discoverCommand() *cli.Command {
 		Name:  "discover",
 		Usage: "list the subsystems and namespaces a target offers this host",
 		Description: "Connects to the target's discovery controller, reads the Discovery log page (the subsystems\n" +
-			"this host may access), then connects to each subsystem to list its namespaces.",
+			"this host may access), then connects to each subsystem to list its namespaces.\n" +
+			"Each subsystem shows the NVMe-oF transport type the target advertises (rdma: nprdma speaks the\n" +
+			"NVMe-oF RDMA binding, also when the RDMA is software over TCP; loop for the in-process provider)\n" +
+			"and the nprdma provider this host reached it with (--provider), for which the log has no field.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address (tcp: host:port, e.g. 127.0.0.1:4420)"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON instead of a table"},
@@ -39,8 +42,16 @@ type Discovery struct {
 
 // DiscoveredSubsystem is one subsystem of the discovery log.
 type DiscoveredSubsystem struct {
-	NQN        string                `json:"nqn"`
-	Transport  string                `json:"transport"`
+	NQN string `json:"nqn"`
+	// Transport is the NVMe-oF transport type (TRTYPE) the target
+	// advertises: "rdma" for the RDMA binding even when the RDMA is nprdma's
+	// software RDMA over TCP, because a host must speak the RDMA binding,
+	// not NVMe/TCP, to it.
+	Transport string `json:"transport"`
+	// Provider is the nprdma provider this host reached the target with
+	// (--provider): what carries the RDMA. The discovery log has no field
+	// for it; a provider other than the target's would not have got this far.
+	Provider   string                `json:"provider"`
 	Address    string                `json:"address"`
 	Service    string                `json:"service,omitempty"`
 	Namespaces []DiscoveredNamespace `json:"namespaces"`
@@ -92,8 +103,8 @@ func discover(cc *cli.Context) error {
 	}
 	out := Discovery{Target: addr, HostNQN: host, Subsystems: []DiscoveredSubsystem{}}
 	for _, e := range log.Entries {
-		s := DiscoveredSubsystem{NQN: e.SubNQN, Transport: transportName(e.TRTYPE), Address: e.TRADDR, Service: e.TRSVCID,
-			Namespaces: []DiscoveredNamespace{}}
+		s := DiscoveredSubsystem{NQN: e.SubNQN, Transport: transportName(e.TRTYPE), Provider: cc.String("provider"),
+			Address: e.TRADDR, Service: e.TRSVCID, Namespaces: []DiscoveredNamespace{}}
 		// The discovery log carries the target's own idea of its address
 		// (it may listen on a wildcard); connect where discovery worked.
 		if err := listNamespaces(ctx, dev, addr, &s, opts); err != nil {
@@ -146,7 +157,7 @@ func printDiscovery(w io.Writer, d Discovery) {
 		if s.Service != "" {
 			addr += ":" + s.Service
 		}
-		fmt.Fprintf(w, "\nsubsystem %s (%s %s)\n", s.NQN, s.Transport, addr)
+		fmt.Fprintf(w, "\nsubsystem %s at %s (NVMe-oF transport %s, nprdma provider %s)\n", s.NQN, addr, s.Transport, s.Provider)
 		if s.Error != "" {
 			fmt.Fprintf(w, "  error: %s\n", s.Error)
 			continue

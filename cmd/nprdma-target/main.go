@@ -31,7 +31,7 @@ func newApp() *cli.App {
 			"Hosts read with one-sided RDMA READs and fall back to NVMe Read commands for pages that are not\n" +
 			"resident. Without --backing or --config a sparse file of --default-size is created under --data-dir.\n" +
 			"SIGTERM or SIGINT: stop accepting, drain the commands in flight, flush every namespace, exit 0.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringSliceFlag{Name: "backing", Usage: "a block device or file to serve, as PATH[,nsid=N][,budget=SIZE] (repeatable: one namespace each, in the subsystem --nqn; budget overrides this namespace's share of --memory)"},
 			&cli.StringFlag{Name: "config", Usage: "JSON file describing several subsystems and namespaces (see docs/target.md); used instead of --backing/--nqn/--allow-host"},
 			&cli.StringFlag{Name: "memory", Value: "1GiB", Usage: "DRAM budget for all namespaces together (units KiB, MiB, GiB, TiB); namespaces without their own budget share it in proportion to their sizes"},
@@ -50,7 +50,7 @@ func newApp() *cli.App {
 			&cli.DurationFlag{Name: "max-keep-alive", Value: 0, Usage: "cap on the keep-alive timeout hosts ask for (0: 5m0s)"},
 			&cli.DurationFlag{Name: "busy-poll", Usage: "spin up to this long (e.g. 50us) for the next command on each queue before sleeping: saves a thread wake-up per command, costs a CPU while commands flow (0: off)"},
 			&cli.DurationFlag{Name: "shutdown-timeout", Value: 0, Usage: "how long SIGTERM waits for commands in flight before closing anyway (0: 30s)"},
-		},
+		}, limitCLIFlags()...),
 		HideHelpCommand: true,
 		Action:          serve,
 	}

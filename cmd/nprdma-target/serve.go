@@ -48,12 +48,19 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	lims, err := limitsFromFlags(cc.Int)
+	if err != nil {
+		return err
+	}
 	memory, err := parseSize(cc.String("memory"))
 	if err != nil {
 		return fmt.Errorf("--memory: %w", err)
 	}
 	subs, err := subsystemsFromFlags(cc)
 	if err != nil {
+		return err
+	}
+	if err := lims.checkNamespaces(subs); err != nil {
 		return err
 	}
 	dataDir := cc.String("data-dir")
@@ -80,6 +87,7 @@ func serve(cc *cli.Context) error {
 	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.String("listen")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
 		target.WithQueueDepth(cc.Int("queue-depth"))}
+	opts = append(opts, lims.options()...)
 	if cc.Bool("pin") {
 		opts = append(opts, target.WithPinnedBudget(memory))
 	}

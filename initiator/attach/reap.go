@@ -1,18 +1,16 @@
 package attach
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/nprdma/nprdma/internal/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -149,89 +147,12 @@ func LoopBackingFile(dev string) (string, error) {
 	return strings.TrimSuffix(string(data), "\n"), nil
 }
 
-// mount is one line of /proc/self/mountinfo: the device and the mount point.
-type mount struct {
-	dev   uint64
-	point string
-}
-
-func readMountinfo() ([]mount, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return parseMountinfo(f)
-}
-
-// parseMountinfo reads the third (MAJOR:MINOR) and fifth (mount point,
-// octal-escaped) fields of each line of a mountinfo file (proc(5)).
-func parseMountinfo(r io.Reader) ([]mount, error) {
-	var out []mount
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 5 {
-			return nil, fmt.Errorf("mountinfo: short line %q", sc.Text())
-		}
-		maj, min, ok := strings.Cut(f[2], ":")
-		ma, err1 := strconv.ParseUint(maj, 10, 32)
-		mi, err2 := strconv.ParseUint(min, 10, 32)
-		if !ok || err1 != nil || err2 != nil {
-			return nil, fmt.Errorf("mountinfo: device %q", f[2])
-		}
-		out = append(out, mount{dev: unix.Mkdev(uint32(ma), uint32(mi)), point: unescapeOctal(f[4])})
-	}
-	return out, sc.Err()
-}
-
-// unescapeOctal undoes the kernel's \ooo escapes of space, tab, newline and
-// backslash in mount points.
-func unescapeOctal(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 // IsMountPoint reports whether dir is a mount point in this mount namespace.
-func IsMountPoint(dir string) (bool, error) {
-	mounts, err := readMountinfo()
-	if err != nil {
-		return false, err
-	}
-	for _, m := range mounts {
-		if m.point == dir {
-			return true, nil
-		}
-	}
-	return false, nil
-}
+func IsMountPoint(dir string) (bool, error) { return mountinfo.IsMountPoint(dir) }
 
 // MountPointsOfDevice returns where the block device with number dev is
 // mounted, in mount order.
-func MountPointsOfDevice(dev uint64) ([]string, error) {
-	mounts, err := readMountinfo()
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, m := range mounts {
-		if m.dev == dev {
-			out = append(out, m.point)
-		}
-	}
-	return out, nil
-}
+func MountPointsOfDevice(dev uint64) ([]string, error) { return mountinfo.MountPointsOf(dev) }
 
 // MountPointsOf returns where the block device at path (e.g. /dev/loop3) is
 // mounted.

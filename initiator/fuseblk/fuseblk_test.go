@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nprdma/nprdma/initiator/blockio"
+	"github.com/nprdma/nprdma/internal/mountinfo"
 )
 
 const testBlock = 4096
@@ -414,20 +415,20 @@ func TestForcedDetachAbortsABusyFUSEFile(t *testing.T) {
 		t.Fatalf("read after forced Detach: %v, want ENOTCONN", err)
 	}
 	assertTornDown(t, "", a.File(), a.MountPoint())
-	if mounts, _ := readMounts(); slicesContainsFsType(mounts, "fusectl") && !fusectlWasMounted {
+	if mounts, _ := mountinfo.Read(); slicesContainsFsType(mounts, "fusectl") && !fusectlWasMounted {
 		t.Error("fusectl left mounted")
 	}
 	waitGoroutines(t, baseline)
 }
 
 var fusectlWasMounted = func() bool {
-	mounts, _ := readMounts()
+	mounts, _ := mountinfo.Read()
 	return slicesContainsFsType(mounts, "fusectl")
 }()
 
-func slicesContainsFsType(mounts []mountEntry, fsType string) bool {
+func slicesContainsFsType(mounts []mountinfo.Entry, fsType string) bool {
 	for _, m := range mounts {
-		if m.fsType == fsType {
+		if m.FSType == fsType {
 			return true
 		}
 	}
@@ -601,28 +602,5 @@ func TestAttachRejectsBadOptions(t *testing.T) {
 	}
 	if _, err := Attach(context.Background(), blockio.NewMemory(0, testBlock), WithoutLoop()); err == nil {
 		t.Error("Attach of an empty backend succeeded")
-	}
-}
-
-func TestParseMountinfo(t *testing.T) {
-	in := `22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
-36 22 7:3 / /mnt/with\040space rw,relatime - ext4 /dev/loop3 rw
-37 22 0:51 / /tmp/nprdma-fuse-1 rw,nosuid,nodev,relatime shared:7 master:2 - fuse.nprdma nprdma rw,user_id=0
-`
-	mounts, err := parseMountinfo(strings.NewReader(in))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(mounts) != 3 {
-		t.Fatalf("%d mounts", len(mounts))
-	}
-	if m := mounts[1]; m.major != 7 || m.minor != 3 || m.mountPoint != "/mnt/with space" || m.fsType != "ext4" || m.source != "/dev/loop3" {
-		t.Fatalf("loop mount parsed as %+v", m)
-	}
-	if m := mounts[2]; m.fsType != "fuse.nprdma" || m.mountPoint != "/tmp/nprdma-fuse-1" {
-		t.Fatalf("fuse mount parsed as %+v", m)
-	}
-	if _, err := parseMountinfo(strings.NewReader("garbage line\n")); err == nil {
-		t.Fatal("malformed mountinfo accepted")
 	}
 }
