@@ -22,9 +22,11 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/nprdma/nprdma/bench"
+	"github.com/nprdma/nprdma/bench/swapbench"
 )
 
 func main() {
+	swapbench.RunRSSChildIfAsked()
 	if err := newApp().Run(os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "nprdma-bench:", err)
 		os.Exit(1)
@@ -35,6 +37,8 @@ func newApp() *cli.App {
 	return &cli.App{
 		Name:  "nprdma-bench",
 		Usage: "run nprdma's benchmarks; every figure is a ratio to a baseline measured in the same run",
+		// A --note is free text: commas in it must not split it.
+		DisableSliceFlagSeparator: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "mode", Value: "quick", EnvVars: []string{"BENCH"}, Usage: "quick (whole suite ≤ 10 minutes) or full (bigger sizes, longer runs)"},
 			&cli.StringFlag{Name: "only", Usage: "run only these experiments (comma-separated names); the others keep their earlier results"},
