@@ -3,6 +3,8 @@ package bench
 import (
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -200,4 +202,34 @@ func Spread(xs []float64) float64 {
 		return 0
 	}
 	return (slices.Max(xs) - slices.Min(xs)) / m
+}
+
+// RoundList renders per-round values for a figure's notes: whole numbers
+// from 1000, one decimal from 10, three below.
+func RoundList(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		switch {
+		case x >= 1000:
+			parts[i] = strconv.FormatFloat(x, 'f', 0, 64)
+		case x >= 10:
+			parts[i] = strconv.FormatFloat(x, 'f', 1, 64)
+		default:
+			parts[i] = strconv.FormatFloat(x, 'f', 3, 64)
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// RoundOrder returns 0..n-1, reversed in odd rounds (ABBA), so that a
+// machine drifting during a round favours no case.
+func RoundOrder(n, round int) []int {
+	o := make([]int, n)
+	for i := range o {
+		o[i] = i
+		if round%2 == 1 {
+			o[i] = n - 1 - i
+		}
+	}
+	return o
 }

@@ -147,3 +147,21 @@ func TestSpreadAndMeanFloat(t *testing.T) {
 		t.Fatal("MeanFloat wrong")
 	}
 }
+
+func TestRoundList(t *testing.T) {
+	if got, want := RoundList([]float64{12345.6, 57.25, 0.98765}), "12346, 57.2, 0.988"; got != want {
+		t.Fatalf("RoundList = %q, want %q", got, want)
+	}
+	if got := RoundList(nil); got != "" {
+		t.Fatalf("RoundList(nil) = %q", got)
+	}
+}
+
+func TestRoundOrderAlternates(t *testing.T) {
+	if got := RoundOrder(3, 0); !slices.Equal(got, []int{0, 1, 2}) {
+		t.Fatalf("round 0: %v", got)
+	}
+	if got := RoundOrder(3, 1); !slices.Equal(got, []int{2, 1, 0}) {
+		t.Fatalf("round 1: %v", got)
+	}
+}

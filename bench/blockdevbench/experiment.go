@@ -315,7 +315,7 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 	qd := strconv.Itoa(cfg.QD)
 	fig := func(name string, ours, base []float64, unit string, baseName string) bench.Figure {
 		return bench.NewFigure(name, bench.MeanFloat(ours), unit, baseName, bench.MeanFloat(base)).
-			WithNotes(fmt.Sprintf("per round: ours %s; fio %s", roundList(ours), roundList(base)))
+			WithNotes(fmt.Sprintf("per round: ours %s; fio %s", bench.RoundList(ours), bench.RoundList(base)))
 	}
 	exp.Add(
 		fig("QD1 p50 latency", qd1.p50, fio1.p50, "µs", "fio psync QD1 p50").WithGoal(Goal),
@@ -382,10 +382,10 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 	exp.Note("At QD%s ours runs %s goroutines, each blocked in pread on its own thread: fio psync with %s jobs is the like-for-like baseline; libaio keeps %s reads in flight from one thread and is shown for reference.", qd, qd, qd, qd)
 	for _, r := range results {
 		if s := bench.Spread(r.p50); s > 0.10 {
-			exp.Note("Noisy: %s p50 varied by %.0f%% between rounds (%s µs).", r.def.key, s*100, roundList(r.p50))
+			exp.Note("Noisy: %s p50 varied by %.0f%% between rounds (%s µs).", r.def.key, s*100, bench.RoundList(r.p50))
 		}
 		if s := bench.Spread(r.iops); s > 0.10 {
-			exp.Note("Noisy: %s IOPS varied by %.0f%% between rounds (%s).", r.def.key, s*100, roundList(r.iops))
+			exp.Note("Noisy: %s IOPS varied by %.0f%% between rounds (%s).", r.def.key, s*100, bench.RoundList(r.iops))
 		}
 	}
 	if def, procs := bench.MeanFloat(oursHi.iops), bench.MeanFloat(oursProcs.iops); def > 0 && procs > 1.2*def {
@@ -443,18 +443,6 @@ func (rn *runner) sweep(ctx context.Context) ([]sweepLine, error) {
 	// Points were appended in depth order per line; the alternating order
 	// only changed when each was measured.
 	return lines, nil
-}
-
-func roundList(xs []float64) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		if x >= 1000 {
-			parts[i] = strconv.FormatFloat(x, 'f', 0, 64)
-		} else {
-			parts[i] = strconv.FormatFloat(x, 'f', 1, 64)
-		}
-	}
-	return strings.Join(parts, ", ")
 }
 
 func orUnknown(s string) string {

@@ -639,7 +639,7 @@ func capacityReport(env *bench.Env, cfg CapacityConfig, runs []*capRun, tgtBin s
 		for _, b := range base {
 			zs = append(zs, us(bench.Mean(b.wl["zipf"].reads)))
 		}
-		exp.Note("The 1× run was repeated at the end; Zipf average read latency %s µs (first, last): the baseline is their mean.", roundList(zs))
+		exp.Note("The 1× run was repeated at the end; Zipf average read latency %s µs (first, last): the baseline is their mean.", bench.RoundList(zs))
 	} else {
 		exp.Note("Each ratio was measured once, in the order %v (the 1× baseline first): a machine that got busier during the run "+
 			"shows up as latency growing with the ratio. BENCH=full repeats the 1× run at the end.", cfg.Ratios)

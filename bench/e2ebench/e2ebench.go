@@ -148,41 +148,12 @@ func checkTag(p []byte, page int64) error {
 	return nil
 }
 
-// roundList renders per-round values for a figure's notes.
-func roundList(xs []float64) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		switch {
-		case x >= 1000:
-			parts[i] = strconv.FormatFloat(x, 'f', 0, 64)
-		case x >= 10:
-			parts[i] = strconv.FormatFloat(x, 'f', 1, 64)
-		default:
-			parts[i] = strconv.FormatFloat(x, 'f', 3, 64)
-		}
-	}
-	return strings.Join(parts, ", ")
-}
-
-// order returns 0..n-1, reversed in odd rounds (ABBA), so that a machine
-// drifting during a round favours no case.
-func order(n, round int) []int {
-	o := make([]int, n)
-	for i := range o {
-		o[i] = i
-		if round%2 == 1 {
-			o[i] = n - 1 - i
-		}
-	}
-	return o
-}
-
 // noteNoise adds an honest note when per-round values spread by more than
 // 10%.
 func noteNoise(exp *bench.Experiment, what string, xs []float64) {
 	if len(xs) > 1 {
 		if s := bench.Spread(xs); s > 0.10 {
-			exp.Note("Noisy: %s varied by %.0f%% between rounds (%s).", what, s*100, roundList(xs))
+			exp.Note("Noisy: %s varied by %.0f%% between rounds (%s).", what, s*100, bench.RoundList(xs))
 		}
 	}
 }

@@ -343,7 +343,7 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 	pinned := len(env.CPUs) > 0
 	var fioVersion string
 	for round := range cfg.Rounds {
-		for _, i := range order(len(cases), round) {
+		for _, i := range bench.RoundOrder(len(cases), round) {
 			c := cases[i]
 			log.Info("e2e-fio: measuring", "case", c.key, "round", round+1, "of", cfg.Rounds)
 			var res bench.FioResult
@@ -418,7 +418,7 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		}
 		o, b := pick(ours), pick(base)
 		return bench.NewFigure(name, bench.MeanFloat(o), unit, base.def.label, bench.MeanFloat(b)).
-			WithNotes(fmt.Sprintf("per round: ours %s; baseline %s", roundList(o), roundList(b))), true
+			WithNotes(fmt.Sprintf("per round: ours %s; baseline %s", bench.RoundList(o), bench.RoundList(b))), true
 	}
 	p50 := func(r *e2eResult) []float64 { return r.p50 }
 	p99 := func(r *e2eResult) []float64 { return r.p99 }

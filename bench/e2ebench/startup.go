@@ -131,7 +131,7 @@ func MeasureStartup(ctx context.Context, env *bench.Env, bins *Binaries, cfg Sta
 	samples := make([][]startSample, len(cases))
 	var pl placements
 	for round := range cfg.Rounds {
-		for _, i := range order(len(cases), round) {
+		for _, i := range bench.RoundOrder(len(cases), round) {
 			log.Info("startup: measuring", "case", cases[i].key, "round", round+1, "of", cfg.Rounds)
 			s, err := startOnce(ctx, tgtBin, cases[i], cfg, meta, work)
 			if err != nil {
@@ -173,7 +173,7 @@ func MeasureStartup(ctx context.Context, env *bench.Env, bins *Binaries, cfg Sta
 	fig := func(name string, a, b int, g *bench.Goal) {
 		va, vb := ms(a, ready), ms(b, ready)
 		f := bench.NewFigure(name, bench.MeanFloat(va), "ms", cases[b].label, bench.MeanFloat(vb)).
-			WithNotes(fmt.Sprintf("per round: %s; baseline %s", roundList(va), roundList(vb)))
+			WithNotes(fmt.Sprintf("per round: %s; baseline %s", bench.RoundList(va), bench.RoundList(vb)))
 		if g != nil {
 			f = f.WithGoal(*g)
 		}

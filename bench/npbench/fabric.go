@@ -374,7 +374,7 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 	log := env.Logger()
 	for round := range cfg.Rounds {
 		log.Info("fabric-ops: latency", "round", round+1, "of", cfg.Rounds)
-		for _, i := range order(len(vs), round) {
+		for _, i := range bench.RoundOrder(len(vs), round) {
 			v := vs[i]
 			var samples []time.Duration
 			err := sampled(&v.placement, "nprdma-bench (initiator and target in one process): "+v.label, pinned, func() error {
@@ -408,7 +408,7 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 		log.Info("fabric-ops: throughput", "round", round+1, "of", cfg.ThroughputRounds)
 		for _, s := range cfg.Sizes {
 			for _, qd := range cfg.Depths {
-				for _, i := range order(len(lines), round) {
+				for _, i := range bench.RoundOrder(len(lines), round) {
 					l := lines[i]
 					var r nprdmabench.ThroughputResult
 					err := sampled(&tputPlacement, "nprdma-bench: throughput runs", pinned, func() error {

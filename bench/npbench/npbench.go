@@ -13,8 +13,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nprdma/nprdma/bench"
@@ -55,42 +53,14 @@ func (c *latencyCase) series() bench.Series {
 // the mean of the baseline's, with every round's value in the notes.
 func figure(name string, ours, base []float64, unit, baseName string) bench.Figure {
 	return bench.NewFigure(name, bench.MeanFloat(ours), unit, baseName, bench.MeanFloat(base)).
-		WithNotes(fmt.Sprintf("per round: %s; baseline %s", roundList(ours), roundList(base)))
-}
-
-func roundList(xs []float64) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		switch {
-		case x >= 1000:
-			parts[i] = strconv.FormatFloat(x, 'f', 0, 64)
-		case x >= 10:
-			parts[i] = strconv.FormatFloat(x, 'f', 1, 64)
-		default:
-			parts[i] = strconv.FormatFloat(x, 'f', 2, 64)
-		}
-	}
-	return strings.Join(parts, ", ")
-}
-
-// order returns the indices 0..n-1, reversed in odd rounds (ABBA), so that
-// a machine drifting during a round favours no case.
-func order(n, round int) []int {
-	o := make([]int, n)
-	for i := range o {
-		o[i] = i
-		if round%2 == 1 {
-			o[i] = n - 1 - i
-		}
-	}
-	return o
+		WithNotes(fmt.Sprintf("per round: %s; baseline %s", bench.RoundList(ours), bench.RoundList(base)))
 }
 
 // noteNoise adds an honest note for every case whose per-round values
 // spread by more than 10%.
 func noteNoise(exp *bench.Experiment, what string, key string, xs []float64) {
 	if s := bench.Spread(xs); s > 0.10 {
-		exp.Note("Noisy: %s %s varied by %.0f%% between rounds (%s).", key, what, s*100, roundList(xs))
+		exp.Note("Noisy: %s %s varied by %.0f%% between rounds (%s).", key, what, s*100, bench.RoundList(xs))
 	}
 }
 

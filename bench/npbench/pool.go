@@ -138,10 +138,10 @@ func MeasurePool(ctx context.Context, env *bench.Env, cfg PoolConfig) (*bench.Ex
 	pinned := len(env.CPUs) > 0
 	for round := range cfg.Rounds {
 		env.Logger().Info("pool: measuring", "round", round+1, "of", cfg.Rounds)
-		for _, i := range order(len(cases), round) {
+		for _, i := range bench.RoundOrder(len(cases), round) {
 			pc := cases[i]
 			// Within a case too, the first of the two alternates.
-			for _, j := range order(2, round+i) {
+			for _, j := range bench.RoundOrder(2, round+i) {
 				err := sampled(&pl, "nprdma-bench (initiator and target in one process): pool", pinned, func() error {
 					if j == 0 {
 						r, err := poolRun(ctx, pc.c, pc.pool, pc.size, cfg.Run)

@@ -130,7 +130,7 @@ func MeasureRegistration(ctx context.Context, env *bench.Env, cfg RegistrationCo
 		if err := ctx.Err(); err != nil {
 			return exp, err
 		}
-		for _, i := range order(len(cfg.Unpinned), round) {
+		for _, i := range bench.RoundOrder(len(cfg.Unpinned), round) {
 			size := cfg.Unpinned[i]
 			err := sampled(&pl, "nprdma-bench: registration", isPinned, func() error {
 				c, r, err := unpinnedOnce(env.ScratchDir, pd, size)
@@ -144,7 +144,7 @@ func MeasureRegistration(ctx context.Context, env *bench.Env, cfg RegistrationCo
 		}
 	}
 	for round := range cfg.PinnedRounds {
-		for _, i := range order(len(cfg.Pinned), round) {
+		for _, i := range bench.RoundOrder(len(cfg.Pinned), round) {
 			size := cfg.Pinned[i]
 			if err := ctx.Err(); err != nil {
 				return exp, err
@@ -190,7 +190,7 @@ func MeasureRegistration(ctx context.Context, env *bench.Env, cfg RegistrationCo
 	for _, size := range cfg.Unpinned {
 		name := "unpinned " + bench.FormatBytes(size) + " (swap.New + RegisterUnpinned)"
 		f := bench.NewFigure(name, med(total(size)), "µs", "1 ms", bound).
-			WithNotes(fmt.Sprintf("swap.New %s µs; RegisterUnpinned %s µs (per round)", roundList(create[size]), roundList(register[size])))
+			WithNotes(fmt.Sprintf("swap.New %s µs; RegisterUnpinned %s µs (per round)", bench.RoundList(create[size]), bench.RoundList(register[size])))
 		if size >= 1<<30 {
 			f = f.WithGoal(UnpinnedGoal)
 		}
@@ -220,7 +220,7 @@ func MeasureRegistration(ctx context.Context, env *bench.Env, cfg RegistrationCo
 			continue
 		}
 		exp.Add(bench.NewFigure("pinned "+bench.FormatBytes(size)+" (Register, mlock)", med(pinned[size]), "µs",
-			"unpinned "+bench.FormatBytes(size), med(total(size))).WithNotes("per round: " + roundList(pinned[size]) + " µs"))
+			"unpinned "+bench.FormatBytes(size), med(total(size))).WithNotes("per round: " + bench.RoundList(pinned[size]) + " µs"))
 	}
 
 	gib := func(b int64) float64 { return float64(b) / (1 << 30) }
