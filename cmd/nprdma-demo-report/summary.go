@@ -203,7 +203,7 @@ func (r *demoRun) print(w io.Writer) {
 		return countText(initDelta(m, "nprdma_initiator_false_positives_total"))
 	})
 	row("Target, over both jobs", func(modeRun) string { return "" })
-	row("  one-sided READs served (no target CPU)", func(m modeRun) string {
+	row("  one-sided READs served (no NVMe command)", func(m modeRun) string {
 		return countText(targetDelta(m.targetStart, m.targetEnd, "nprdma_fabric_one_sided_reads_total"))
 	})
 	row("  page faults major / minor", func(m modeRun) string {
@@ -222,7 +222,8 @@ func (r *demoRun) print(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "What the numbers mean:")
 	for _, line := range []string{
-		"- A one-sided read is an RDMA READ straight out of the target's memory: the target's CPU takes no part.",
+		"- A one-sided read is an RDMA READ straight out of the target's memory, with no NVMe command, queue or",
+		"  page fault on the target (with an RDMA NIC its CPU would take no part; here software RDMA serves it).",
 		"  A read that lands on a page the target has moved to its SSD gets a recognisable \"magic page\" back",
 		"  (a suspected fault) and only those pages are read again with a two-sided NVMe Read, for which the",
 		"  target brings the page back from its SSD (major fault) or zero-fills it (minor: never written).",
