@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"strconv"
@@ -189,6 +190,21 @@ func MeanFloat(xs []float64) float64 {
 		s += x
 	}
 	return s / float64(len(xs))
+}
+
+// MedianIndex returns the index of the median of xs (the lower one of an
+// even count), so that a figure can quote the round the median came from;
+// -1 for none.
+func MedianIndex(xs []float64) int {
+	if len(xs) == 0 {
+		return -1
+	}
+	idx := make([]int, len(xs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(xs[a], xs[b]) })
+	return idx[(len(xs)-1)/2]
 }
 
 // Spread returns (max-min)/mean of xs, the relative spread between repeated

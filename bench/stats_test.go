@@ -165,3 +165,18 @@ func TestRoundOrderAlternates(t *testing.T) {
 		t.Fatalf("round 1: %v", got)
 	}
 }
+
+func TestMedianIndex(t *testing.T) {
+	if got := MedianIndex([]float64{0.9, 0.7, 1.3, 0.8, 1.1}); got != 0 {
+		t.Fatalf("odd count: index %d, want 0 (0.9)", got)
+	}
+	if got := MedianIndex([]float64{4, 1, 3, 2}); got != 3 {
+		t.Fatalf("even count: index %d, want 3 (2, the lower median)", got)
+	}
+	if got := MedianIndex([]float64{5, 5, 5}); got != 1 {
+		t.Fatalf("ties: index %d, want 1 (stable)", got)
+	}
+	if MedianIndex(nil) != -1 {
+		t.Fatal("no values: want -1")
+	}
+}

@@ -82,6 +82,10 @@ func (qp *QP) serveRead(seq uint32, mr *MR, off, n int) {
 // pages are copied into staging buffers the link sends from.
 func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
 	if qp.copyAtDelivery {
+		// Counted here, on the responder's goroutine with its other
+		// counters: the copy runs on the requester's.
+		ps := uint64(mr.pageSize)
+		qp.dev.ctr.unpinnedPagesRead.Add((uint64(off+n)-1)/ps - uint64(off)/ps + 1)
 		src := getUnpinnedSource(qp.dev, mr, off, n)
 		p := Packet{Header: Header{Kind: PacketReadResponse, Seq: seq, Len: uint32(n), Last: true}, Src: src, Buf: src}
 		qp.respond(p)
@@ -169,7 +173,6 @@ type unpinnedSource struct {
 	spill    []byte
 	spillAt  int // region offset of spill[0]
 	spillLen int
-	pages    uint64
 	magic    uint64
 }
 
@@ -218,7 +221,7 @@ func (s *unpinnedSource) Read(dst []byte) {
 	}
 }
 
-// finish releases the region and counts the pages once the last byte is
+// finish releases the region and counts the magic pages once the last byte is
 // produced: before the requester's completion, which follows the payload.
 func (s *unpinnedSource) finish() {
 	if s.finished {
@@ -228,11 +231,8 @@ func (s *unpinnedSource) finish() {
 	if s.serving > 0 {
 		s.mr.endServe()
 	}
-	if s.pages > 0 {
-		s.dev.ctr.unpinnedPagesRead.Add(s.pages)
-		if s.magic > 0 {
-			s.dev.ctr.magicPagesServed.Add(s.magic)
-		}
+	if s.magic > 0 {
+		s.dev.ctr.magicPagesServed.Add(s.magic)
 	}
 }
 
@@ -248,7 +248,6 @@ func (s *unpinnedSource) copyPage(dst []byte, at int) {
 			good = mr.pager.ReadEnd(page, v)
 		}
 	}
-	s.pages++
 	if !good {
 		s.magic++
 		fillPhase(dst, mr.magic, at%8)

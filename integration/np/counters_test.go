@@ -112,6 +112,9 @@ func countResolutions(t *testing.T, p provider) {
 	if got := in.dev.Stats().SuspectedFaults; got != st.SuspectedFaults {
 		t.Errorf("initiator device counted %d suspected faults, the requester %d", got, st.SuspectedFaults)
 	}
+	if got := tg.dev.Stats().UnpinnedPagesRead; got != st.Pages {
+		t.Errorf("target's NIC engine read %d pages of the region, the requester %d", got, st.Pages)
+	}
 	// The target's NIC engine served the magic page only for pages it
 	// could not read: not for the false positives, which it read.
 	if got := tg.dev.Stats().MagicPagesServed; got != st.SuspectedFaults-st.FalsePositives {

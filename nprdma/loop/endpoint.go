@@ -163,7 +163,7 @@ func (e *endpoint) isBroken() bool {
 // before it waits.
 func (e *endpoint) waitThawed() {
 	for {
-		ch := e.prov.thawedChan()
+		ch := e.prov.gate.Thawed()
 		select {
 		case <-ch:
 			return

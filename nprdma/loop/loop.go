@@ -38,8 +38,8 @@ type Provider struct {
 	endpoints map[*endpoint]struct{}
 	listeners map[*listener]struct{}
 	crashed   bool
-	frozen    bool
-	thawed    chan struct{} // closed while not frozen
+
+	gate nprdma.FreezeGate // Freeze and Thaw; synchronised on its own
 }
 
 // Option configures a Provider.
@@ -57,9 +57,7 @@ func New(opts ...Option) *Provider {
 		id:        providerIDs.Add(1),
 		endpoints: map[*endpoint]struct{}{},
 		listeners: map[*listener]struct{}{},
-		thawed:    make(chan struct{}),
 	}
-	close(p.thawed)
 	for _, o := range opts {
 		o(p)
 	}
@@ -160,24 +158,10 @@ func (p *Provider) Dial(ctx context.Context, addr string, hello nprdma.Hello) (n
 
 // Freeze stops delivering inbound packets on every link of the provider, as
 // if its process were stopped (SIGSTOP): peers see silence, not an error.
-func (p *Provider) Freeze() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.frozen {
-		p.frozen = true
-		p.thawed = make(chan struct{})
-	}
-}
+func (p *Provider) Freeze() { p.gate.Freeze() }
 
 // Thaw undoes Freeze.
-func (p *Provider) Thaw() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.frozen {
-		p.frozen = false
-		close(p.thawed)
-	}
-}
+func (p *Provider) Thaw() { p.gate.Thaw() }
 
 // Crash breaks every link and listener of the provider at once, as the death
 // of its process would: peers see their connections reset.
@@ -200,12 +184,6 @@ func (p *Provider) Crash() {
 		e.breakBoth(errCrashed)
 	}
 	p.Thaw()
-}
-
-func (p *Provider) thawedChan() <-chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.thawed
 }
 
 type listener struct {

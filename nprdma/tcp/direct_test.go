@@ -6,8 +6,13 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nprdma/nprdma/nprdma"
 )
@@ -405,5 +410,41 @@ func TestWaitWhileFrozenAndNobodyReceives(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("nothing delivered after the thaw")
+	}
+}
+
+// The socket receive buffer is fixed unless the provider leaves it to the
+// kernel: SO_RCVBUF reads back as twice the size asked for (the kernel's
+// bookkeeping share), capped by net.core.rmem_max.
+func TestSocketReceiveBuffer(t *testing.T) {
+	raw, err := os.ReadFile("/proc/sys/net/core/rmem_max")
+	if err != nil {
+		t.Skip("no net.core.rmem_max:", err)
+	}
+	rmemMax, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcvbuf := func(l *link) int {
+		var v int
+		var serr error
+		if err := l.rc.Control(func(fd uintptr) { v, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF) }); err != nil {
+			t.Fatal(err)
+		}
+		if serr != nil {
+			t.Fatal(serr)
+		}
+		return v
+	}
+	p := newDirectPair(t, nil, []Option{WithSocketReceiveBuffer(256 << 10)})
+	if got, want := rcvbuf(onlyLink(t, p.cliProv)), 2*min(DefaultSocketReceiveBuffer, rmemMax); got != want {
+		t.Errorf("default: SO_RCVBUF %d, want %d", got, want)
+	}
+	if got, want := rcvbuf(onlyLink(t, p.srvProv)), 2*min(256<<10, rmemMax); got != want {
+		t.Errorf("WithSocketReceiveBuffer(256 KiB): SO_RCVBUF %d, want %d", got, want)
+	}
+	auto := newDirectPair(t, []Option{WithSocketReceiveBuffer(0)}, nil)
+	if got := rcvbuf(onlyLink(t, auto.cliProv)); got == 2*min(DefaultSocketReceiveBuffer, rmemMax) {
+		t.Errorf("WithSocketReceiveBuffer(0): SO_RCVBUF %d, the fixed default; want the kernel's own", got)
 	}
 }

@@ -112,6 +112,9 @@ func newLink(p *Provider, nc *net.TCPConn, rd *reader) (*link, error) {
 		return nil, err
 	}
 	nc.SetNoDelay(true)
+	if p.socketReceiveBuffer > 0 {
+		nc.SetReadBuffer(p.socketReceiveBuffer)
+	}
 	l := &link{prov: p, nc: nc, rc: rc, rd: rd, iov: make([]unix.Iovec, 0, 64), abortCh: make(chan struct{}), pend: new(wbatch), spare: new(wbatch)}
 	l.writeFn = l.writeSocket
 	l.rcv.wake = make(chan struct{}, 1)

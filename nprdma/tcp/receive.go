@@ -164,7 +164,7 @@ func (l *link) receive(d *drive) error {
 		}
 		// A frozen provider delivers nothing more, even a frame that
 		// arrived while its receiver waited; it stays buffered.
-		if l.prov.isFrozen.Load() {
+		if l.prov.gate.Frozen() {
 			if d != nil {
 				return errFrozen
 			}
@@ -400,7 +400,7 @@ func (l *link) Drive(ctx context.Context, w nprdma.DriveWaiter) bool {
 	}
 	r := &l.rcv
 	r.mu.Lock()
-	if r.owner != rxNone || l.prov.isFrozen.Load() || l.isDown() || l.closed.Load() {
+	if r.owner != rxNone || l.prov.gate.Frozen() || l.isDown() || l.closed.Load() {
 		switch r.owner {
 		case rxReader:
 			// Ask the reader goroutine to give the receive side up at its
