@@ -61,37 +61,39 @@ func (qc *queueConn) handle(r *fabric.Request) {
 	go func() {
 		defer t.inflight.Done()
 		start := time.Now()
-		name, st := qc.execute(r)
-		if t.met != nil && name != "" {
-			t.met.observe(name, st, time.Since(start))
+		name, res := qc.execute(r)
+		if res.parked {
+			return // an AER: completed later
 		}
+		c := res.completion()
+		// Counted before the host can see the completion, so that a host
+		// reading the metrics after its command finds it counted.
+		if t.met != nil {
+			t.met.observe(name, c.Status, time.Since(start))
+		}
+		r.Complete(c)
 	}()
 }
 
-// execute runs one command and returns its metric name and status
-// ("" for a parked command, completed later).
-func (qc *queueConn) execute(r *fabric.Request) (string, nvme.Status) {
+// execute runs one command and returns its metric name and outcome.
+func (qc *queueConn) execute(r *fabric.Request) (string, result) {
 	cmd := &r.Cmd
 	name := cmd.Name(qc.admin)
 	c := qc.ctrl.Load()
 	if c == nil {
 		if cmd.IsFabrics() && cmd.FabricsType() == nvme.FabricsConnect {
-			return name, complete(r, qc.connect(r))
+			return name, qc.connect(r)
 		}
 		// Nothing but Connect on a queue that is not connected (nvmet).
-		return name, complete(r, result{err: nvme.Errorf(nvme.StatusInvalidOpcode.WithDNR(), "queue %d not connected: %s before Connect", qc.q.QID(), name)})
+		return name, result{err: nvme.Errorf(nvme.StatusInvalidOpcode.WithDNR(), "queue %d not connected: %s before Connect", qc.q.QID(), name)}
 	}
 	if cmd.IsFabrics() && cmd.FabricsType() == nvme.FabricsConnect {
-		return name, complete(r, result{err: nvme.Errorf(nvme.StatusInvalidOpcode.WithDNR(), "queue %d is connected already", qc.q.QID())})
+		return name, result{err: nvme.Errorf(nvme.StatusInvalidOpcode.WithDNR(), "queue %d is connected already", qc.q.QID())}
 	}
 	if qc.admin {
-		res := c.admin(r)
-		if res.parked {
-			return "", 0
-		}
-		return name, complete(r, res)
+		return name, c.admin(r)
 	}
-	return name, complete(r, c.io(r))
+	return name, c.io(r)
 }
 
 // result is a command's outcome.
@@ -101,13 +103,12 @@ type result struct {
 	parked   bool // an AER: completed later
 }
 
-func complete(r *fabric.Request, res result) nvme.Status {
+func (res result) completion() nvme.Completion {
 	c := nvme.Completion{DW0: res.dw0, DW1: res.dw1}
 	if res.err != nil {
 		c.SetError(res.err)
 	}
-	r.Complete(c)
-	return c.Status
+	return c
 }
 
 // controller is one host's association with a subsystem (or with the

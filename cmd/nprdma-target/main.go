@@ -10,6 +10,8 @@ import (
 	"os"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/nprdma/nprdma/target"
 )
 
 func main() {
@@ -46,7 +48,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP) or loop (in-process; for tests only)"},
 			&cli.BoolFlag{Name: "pin", Usage: "baseline for benchmarks only, a conventional RDMA target: at start, allocate the whole --memory and register it PINNED (mlock; seconds per GiB) before serving; a namespace that fits in it is held there wholly and read one-sided, a larger one is served two-sided only from its backing device (no region descriptor); exists for comparison, not for use"},
 			&cli.IntFlag{Name: "gomaxprocs", Value: defaultGOMAXPROCS, Usage: "Go scheduler threads (GOMAXPROCS): the target blocks in backing-device reads (major faults) from goroutines, and each blocked goroutine holds one until the runtime hands it off; 0 keeps the runtime's default"},
-			&cli.IntFlag{Name: "queue-depth", Value: 128, Usage: "largest I/O queue a host may open (entries)"},
+			&cli.IntFlag{Name: "queue-depth", Value: target.DefaultQueueDepth, Usage: "largest I/O queue a host may open (entries)"},
 			&cli.DurationFlag{Name: "max-keep-alive", Value: 0, Usage: "cap on the keep-alive timeout hosts ask for (0: 5m0s)"},
 			&cli.DurationFlag{Name: "busy-poll", Usage: "spin up to this long (e.g. 50us) for the next command on each queue before sleeping: saves a thread wake-up per command, costs a CPU while commands flow (0: off)"},
 			&cli.DurationFlag{Name: "shutdown-timeout", Value: 0, Usage: "how long SIGTERM waits for commands in flight before closing anyway (0: 30s)"},
