@@ -3,6 +3,8 @@ package nprdma
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -125,18 +127,7 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.closed = true
-	ls := make([]*Listener, 0, len(d.listeners))
-	for l := range d.listeners {
-		ls = append(ls, l)
-	}
-	qps := make([]*QP, 0, len(d.qps))
-	for qp := range d.qps {
-		qps = append(qps, qp)
-	}
-	mrs := make([]*MR, 0, len(d.live))
-	for mr := range d.live {
-		mrs = append(mrs, mr)
-	}
+	ls, qps, mrs := slices.Collect(maps.Keys(d.listeners)), slices.Collect(maps.Keys(d.qps)), slices.Collect(maps.Keys(d.live))
 	d.mu.Unlock()
 	for _, l := range ls {
 		l.Close()

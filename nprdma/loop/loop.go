@@ -9,6 +9,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -168,14 +170,7 @@ func (p *Provider) Thaw() { p.gate.Thaw() }
 func (p *Provider) Crash() {
 	p.mu.Lock()
 	p.crashed = true
-	eps := make([]*endpoint, 0, len(p.endpoints))
-	for e := range p.endpoints {
-		eps = append(eps, e)
-	}
-	ls := make([]*listener, 0, len(p.listeners))
-	for l := range p.listeners {
-		ls = append(ls, l)
-	}
+	eps, ls := slices.Collect(maps.Keys(p.endpoints)), slices.Collect(maps.Keys(p.listeners))
 	p.mu.Unlock()
 	for _, l := range ls {
 		l.Close()

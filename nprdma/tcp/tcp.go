@@ -9,7 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -128,14 +130,7 @@ func (p *Provider) Thaw() { p.gate.Thaw() }
 func (p *Provider) Crash() {
 	p.mu.Lock()
 	p.crashed = true
-	links := make([]*link, 0, len(p.links))
-	for l := range p.links {
-		links = append(links, l)
-	}
-	ls := make([]*listener, 0, len(p.listeners))
-	for l := range p.listeners {
-		ls = append(ls, l)
-	}
+	links, ls := slices.Collect(maps.Keys(p.links)), slices.Collect(maps.Keys(p.listeners))
 	p.mu.Unlock()
 	for _, l := range ls {
 		l.Close()
