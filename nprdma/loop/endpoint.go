@@ -159,21 +159,16 @@ func (e *endpoint) isBroken() bool {
 }
 
 // waitThawed blocks while the provider is frozen, unless the link breaks.
+// The common case, not frozen, is one atomic load: no lock, no channel.
 // Wake-ups it swallows are harmless: the delivery loop looks at the inbox
 // before it waits.
 func (e *endpoint) waitThawed() {
-	for {
-		ch := e.prov.gate.Thawed()
-		select {
-		case <-ch:
-			return
-		default:
-		}
+	for e.prov.gate.Frozen() {
 		if e.isBroken() {
 			return
 		}
 		select {
-		case <-ch:
+		case <-e.prov.gate.Thawed():
 			return
 		case <-e.wake:
 		}
