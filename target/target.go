@@ -331,18 +331,8 @@ func (t *Target) Subsystem(nqn string) *Subsystem {
 // records a clean shutdown. A flush error is returned and leaves the
 // shutdown unclean.
 func (t *Target) Shutdown(ctx context.Context) error {
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
+	if !t.stopAccepting() {
 		return nil
-	}
-	t.draining.Store(true)
-	ln := t.ln
-	t.mu.Unlock()
-	if ln != nil {
-		ln.Close()
-		t.acceptCtx()
-		t.acceptWG.Wait()
 	}
 	for _, c := range t.controllers() {
 		c.abortAERs()
@@ -368,10 +358,22 @@ func (t *Target) Shutdown(ctx context.Context) error {
 // Close stops the target at once (no drain), still flushing the namespaces;
 // the shutdown is not recorded as clean.
 func (t *Target) Close() error {
+	if !t.stopAccepting() {
+		return nil
+	}
+	err := t.close()
+	t.closeMeta()
+	return err
+}
+
+// stopAccepting answers new commands with "aborted" from now on, closes the
+// listener and waits for the accept loop; false when the target is closed
+// already.
+func (t *Target) stopAccepting() bool {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		return nil
+		return false
 	}
 	t.draining.Store(true)
 	ln := t.ln
@@ -381,9 +383,7 @@ func (t *Target) Close() error {
 		t.acceptCtx()
 		t.acceptWG.Wait()
 	}
-	err := t.close()
-	t.closeMeta()
-	return err
+	return true
 }
 
 func (t *Target) closeMeta() {
