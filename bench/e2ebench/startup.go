@@ -8,13 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/nprdma/nprdma/bench"
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/banner"
 )
 
 // StartupName is the experiment's fixed name (--only startup).
@@ -230,7 +230,7 @@ func startOnce(ctx context.Context, tgtBin string, c startCase, cfg StartupConfi
 	listened := make(chan time.Duration, 1)
 	if !c.nbdkit {
 		go func() {
-			if _, err := ch.waitLine(ctx, 5*time.Minute, func(l string) bool { return strings.Contains(l, "nprdma-target: serving") }); err == nil {
+			if _, err := ch.waitLine(ctx, 5*time.Minute, banner.IsServing); err == nil {
 				listened <- time.Since(t0)
 			}
 		}()

@@ -6,11 +6,11 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/banner"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 )
@@ -56,14 +56,13 @@ func startTarget(ctx context.Context, c targetConfig, timeout time.Duration) (*t
 		return nil, err
 	}
 	p := &targetProc{child: ch}
-	const marker = "discover --target "
-	l, err := ch.waitLine(ctx, timeout, func(l string) bool { return strings.Contains(l, marker) })
+	l, err := ch.waitLine(ctx, timeout, func(l string) bool { _, ok := banner.Addr(l); return ok })
 	if err != nil {
 		ch.stop(syscall.SIGKILL, time.Second)
 		return nil, err
 	}
-	p.addr = strings.TrimSpace(l[strings.Index(l, marker)+len(marker):])
-	p.banner, _ = ch.waitLine(ctx, time.Second, func(l string) bool { return strings.Contains(l, "nprdma-target: serving") })
+	p.addr, _ = banner.Addr(l)
+	p.banner, _ = ch.waitLine(ctx, time.Second, banner.IsServing)
 	return p, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/banner"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 )
@@ -155,11 +156,11 @@ func startTargetProc(t *testing.T, args ...string) *targetProc {
 			l := sc.Text()
 			p.mu.Lock()
 			p.log.WriteString(l + "\n")
-			if strings.Contains(l, "nprdma-target: serving") {
+			if banner.IsServing(l) {
 				p.banner = l
 			}
-			if i := strings.Index(l, "discover --target "); i >= 0 && p.addr == "" {
-				p.addr = strings.TrimSpace(l[i+len("discover --target "):])
+			if addr, ok := banner.Addr(l); ok && p.addr == "" {
+				p.addr = addr
 				close(ready)
 			}
 			p.mu.Unlock()

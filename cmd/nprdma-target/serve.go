@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/blockdev"
+	"github.com/nprdma/nprdma/internal/banner"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/tcp"
@@ -196,9 +197,7 @@ func serve(cc *cli.Context) error {
 	if cc.Bool("pin") {
 		mode = "PINNED baseline (" + formatSize(memory) + " pinned at start)"
 	}
-	fmt.Fprintf(os.Stderr, "nprdma-target: serving %s over %s on %s, regions %s, previous shutdown clean: %v\n"+
-		"nprdma-target: connect with: nprdma-initiator discover --target %s\n",
-		strings.Join(summary, "; "), prov.Name(), tg.Addr(), mode, tg.PreviousShutdownClean(), tg.Addr())
+	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), prov.Name(), tg.Addr(), mode, tg.PreviousShutdownClean()))
 
 	<-ctx.Done()
 	stop()

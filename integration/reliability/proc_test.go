@@ -9,11 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nprdma/nprdma/internal/banner"
 )
 
 // childEnv makes the test binary run a child role instead of the tests (see
@@ -153,11 +154,11 @@ func startTargetProcE(t testing.TB, args ...string) (*targetProc, error) {
 			l := sc.Text()
 			p.mu.Lock()
 			p.log.WriteString(l + "\n")
-			if strings.Contains(l, "nprdma-target: serving") {
+			if banner.IsServing(l) {
 				p.banner = l
 			}
-			if i := strings.Index(l, "discover --target "); i >= 0 && p.addr == "" {
-				p.addr = strings.TrimSpace(l[i+len("discover --target "):])
+			if addr, ok := banner.Addr(l); ok && p.addr == "" {
+				p.addr = addr
 				close(ready)
 			}
 			p.mu.Unlock()
