@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -13,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -124,10 +122,9 @@ func TestLoadConfig(t *testing.T) {
 // targetProc is the command running as a child process.
 type targetProc struct {
 	cmd    *exec.Cmd
-	addr   string
-	banner string
-	mu     sync.Mutex
-	log    bytes.Buffer
+	addr   string // once started
+	banner string // once started
+	out    *banner.Watcher
 	done   chan error
 }
 
@@ -149,28 +146,14 @@ func startTargetProc(t *testing.T, args ...string) *targetProc {
 			<-p.done
 		}
 	})
-	ready := make(chan struct{})
+	p.out = banner.Watch(stderr)
 	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			l := sc.Text()
-			p.mu.Lock()
-			p.log.WriteString(l + "\n")
-			if banner.IsServing(l) {
-				p.banner = l
-			}
-			if addr, ok := banner.Addr(l); ok && p.addr == "" {
-				p.addr = addr
-				close(ready)
-			}
-			p.mu.Unlock()
-		}
+		<-p.out.Done()
 		p.done <- cmd.Wait()
 	}()
 	select {
-	case <-ready:
-		p.mu.Lock()
-		defer p.mu.Unlock()
+	case <-p.out.Ready():
+		p.addr, p.banner = p.out.Addr(), p.out.Banner()
 		return p
 	case err := <-p.done:
 		p.done <- err
@@ -181,11 +164,7 @@ func startTargetProc(t *testing.T, args ...string) *targetProc {
 	return nil
 }
 
-func (p *targetProc) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
-}
+func (p *targetProc) output() string { return p.out.Log() }
 
 // wait waits for the process to exit and returns its exit code.
 func (p *targetProc) wait(t *testing.T) int {

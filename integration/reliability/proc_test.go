@@ -1,8 +1,6 @@
 package reliability_test
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -109,10 +107,9 @@ func freeAddr(t testing.TB) string {
 // targetProc is an nprdma-target process this test started.
 type targetProc struct {
 	cmd    *exec.Cmd
-	addr   string
-	banner string
-	mu     sync.Mutex
-	log    bytes.Buffer
+	addr   string // once started
+	banner string // once started
+	out    *banner.Watcher
 	exited chan struct{}
 	err    error // of Wait, once exited is closed
 }
@@ -147,27 +144,15 @@ func startTargetProcE(t testing.TB, args ...string) (*targetProc, error) {
 	}
 	p := &targetProc{cmd: cmd, exited: make(chan struct{})}
 	t.Cleanup(func() { p.kill(syscall.SIGKILL) })
-	ready := make(chan struct{})
+	p.out = banner.Watch(stderr)
 	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			l := sc.Text()
-			p.mu.Lock()
-			p.log.WriteString(l + "\n")
-			if banner.IsServing(l) {
-				p.banner = l
-			}
-			if addr, ok := banner.Addr(l); ok && p.addr == "" {
-				p.addr = addr
-				close(ready)
-			}
-			p.mu.Unlock()
-		}
+		<-p.out.Done()
 		p.err = cmd.Wait()
 		close(p.exited)
 	}()
 	select {
-	case <-ready:
+	case <-p.out.Ready():
+		p.addr, p.banner = p.out.Addr(), p.out.Banner()
 		return p, nil
 	case <-p.exited:
 		return nil, fmt.Errorf("nprdma-target exited before serving (%v):\n%s", p.err, p.output())
@@ -177,11 +162,7 @@ func startTargetProcE(t testing.TB, args ...string) (*targetProc, error) {
 	}
 }
 
-func (p *targetProc) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
-}
+func (p *targetProc) output() string { return p.out.Log() }
 
 // kill sends sig and, for SIGKILL, waits for the process to be gone.
 func (p *targetProc) kill(sig syscall.Signal) {

@@ -1,8 +1,10 @@
 package banner
 
 import (
+	"io"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestLinesRoundTrip(t *testing.T) {
@@ -23,5 +25,27 @@ func TestLinesRoundTrip(t *testing.T) {
 	}
 	if _, ok := Addr(Connect + "  "); ok {
 		t.Fatal("Addr accepted an empty address")
+	}
+}
+
+func TestWatch(t *testing.T) {
+	pr, pw := io.Pipe()
+	w := Watch(pr)
+	io.WriteString(pw, "starting\n")
+	select {
+	case <-w.Ready():
+		t.Fatal("ready before the address line")
+	case <-time.After(10 * time.Millisecond):
+	}
+	io.WriteString(pw, Lines("ns", "tcp", "127.0.0.1:9", "unpinned", false))
+	<-w.Ready()
+	if w.Addr() != "127.0.0.1:9" || !strings.Contains(w.Banner(), "previous shutdown clean: false") {
+		t.Fatalf("addr %q banner %q", w.Addr(), w.Banner())
+	}
+	io.WriteString(pw, "later\n")
+	pw.Close()
+	<-w.Done()
+	if log := w.Log(); !strings.HasPrefix(log, "starting\n") || !strings.HasSuffix(log, "later\n") || strings.Count(log, "\n") != 4 {
+		t.Fatalf("log %q", log)
 	}
 }
