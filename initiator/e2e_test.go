@@ -65,6 +65,21 @@ func startTarget(t *testing.T, spec targetSpec) *target.Target {
 	return tg
 }
 
+// startPinnedTarget starts a target with a pinned budget, skipping the test
+// where this machine does not permit pinning.
+func startPinnedTarget(t *testing.T, spec targetSpec, budget int64) *target.Target {
+	t.Helper()
+	spec.targetOpts = append(spec.targetOpts, target.WithPinnedBudget(budget))
+	tg, err := startTargetE(t, spec)
+	if err != nil {
+		if strings.Contains(err.Error(), "mlock") {
+			t.Skipf("pinning not permitted here: %v", err)
+		}
+		t.Fatal(err)
+	}
+	return tg
+}
+
 func startTargetE(t *testing.T, spec targetSpec) (*target.Target, error) {
 	t.Helper()
 	backing := filepath.Join(spec.dir, "backing.img")
@@ -616,14 +631,7 @@ func TestPinnedBaseline(t *testing.T) {
 	sp, cp := k.new()
 	dir := t.TempDir()
 	const budget = 12 << 20
-	tg, err := startTargetE(t, targetSpec{prov: sp, listen: k.listen, dir: dir, size: 8 << 20, allowAny: true,
-		targetOpts: []target.Option{target.WithPinnedBudget(budget)}})
-	if err != nil {
-		if strings.Contains(err.Error(), "mlock") {
-			t.Skipf("pinning not permitted here: %v", err)
-		}
-		t.Fatal(err)
-	}
+	tg := startPinnedTarget(t, targetSpec{prov: sp, listen: k.listen, dir: dir, size: 8 << 20, allowAny: true}, budget)
 	defer tg.Close()
 	dev := nprdma.NewDevice(cp, nprdma.WithPinning(false))
 	defer dev.Close()
@@ -662,14 +670,7 @@ func TestPinnedBaselineLargerThanBudget(t *testing.T) {
 	sp, cp := k.new()
 	dir := t.TempDir()
 	const size, budget = 16 << 20, 4 << 20
-	tg, err := startTargetE(t, targetSpec{prov: sp, listen: k.listen, dir: dir, size: size, allowAny: true,
-		targetOpts: []target.Option{target.WithPinnedBudget(budget)}})
-	if err != nil {
-		if strings.Contains(err.Error(), "mlock") {
-			t.Skipf("pinning not permitted here: %v", err)
-		}
-		t.Fatal(err)
-	}
+	tg := startPinnedTarget(t, targetSpec{prov: sp, listen: k.listen, dir: dir, size: size, allowAny: true}, budget)
 	defer tg.Close()
 	ns := tg.Subsystem(testSubNQN).Namespace(1)
 	if ns.Pinned() || ns.OneSided() || ns.Region() != nil {
