@@ -2,10 +2,7 @@ package npbench
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"io"
-	"net"
 	"runtime"
 	"strings"
 	"time"
@@ -16,239 +13,11 @@ import (
 	"github.com/nprdma/nprdma/nprdma/tcp"
 )
 
-// conn is a connected initiator and target queue pair on one provider, each
-// on its own device, with a registered local buffer and a remote region
-// that READ and WRITE name and SEND lands in.
-type conn struct {
-	cliDev, srvDev *nprdma.Device
-	qp             *nprdma.QP
-	cq             *nprdma.CQ
-	local, remote  *nprdma.MR
-	bufs           [][]byte
-	stopRecv       func()
-	wcs            []nprdma.WC
-}
-
-type connConfig struct {
-	size     int  // bytes per slot, local and remote
-	slots    int  // outstanding operations (queue depth)
-	recvs    bool // the target keeps receives posted (SEND)
-	busyPoll bool
-	pin      bool // Register pins with mlock (the default of a real NIC)
-}
-
-func listenAddr(p nprdma.Provider) string {
-	if p.Name() == "tcp" {
-		return "127.0.0.1:0"
-	}
-	return ""
-}
-
-func dial(ctx context.Context, prov nprdma.Provider, cfg connConfig) (c *conn, err error) {
-	c = &conn{
-		cliDev: nprdma.NewDevice(prov, nprdma.WithName("npbench-initiator"), nprdma.WithPinning(cfg.pin)),
-		srvDev: nprdma.NewDevice(prov, nprdma.WithName("npbench-target"), nprdma.WithPinning(cfg.pin)),
-		wcs:    make([]nprdma.WC, max(cfg.slots, 1)),
-	}
-	defer func() {
-		if err != nil {
-			c.close()
-			c = nil
-		}
-	}()
-	const recvDepth = 512
-	cpd, spd := c.cliDev.AllocPD(), c.srvDev.AllocPD()
-	var opts []nprdma.CQOption
-	if cfg.busyPoll {
-		opts = append(opts, nprdma.WithBusyPoll(200*time.Microsecond))
-	}
-	c.cq = c.cliDev.NewCQ(2*max(cfg.slots, 1)+8, opts...)
-	if c.qp, err = cpd.NewQP(nprdma.QPConfig{SendCQ: c.cq, SendDepth: max(cfg.slots, 1) + 8}); err != nil {
-		return nil, err
-	}
-	srvCQ := c.srvDev.NewCQ(2 * recvDepth)
-	srv, err := spd.NewQP(nprdma.QPConfig{SendCQ: srvCQ, RecvDepth: recvDepth})
-	if err != nil {
-		return nil, err
-	}
-	region := func(pd *nprdma.PD, access nprdma.Access) (*nprdma.MR, error) {
-		b, err := nprdma.AllocBuffer(max(cfg.size*max(cfg.slots, 1), 4096))
-		if err != nil {
-			return nil, err
-		}
-		c.bufs = append(c.bufs, b)
-		return pd.Register(b, access)
-	}
-	if c.local, err = region(cpd, nprdma.AccessLocalWrite); err != nil {
-		return nil, err
-	}
-	if c.remote, err = region(spd, nprdma.AccessLocalWrite|nprdma.AccessRemoteRead|nprdma.AccessRemoteWrite); err != nil {
-		return nil, err
-	}
-	recv := nprdma.RecvWR{SG: []nprdma.SGE{c.remote.SGE(0, cfg.size)}}
-	if cfg.recvs {
-		for i := 0; i < recvDepth; i++ {
-			if err := srv.PostRecv(recv); err != nil {
-				return nil, err
-			}
-		}
-	}
-	ln, err := c.srvDev.Listen(listenAddr(prov))
-	if err != nil {
-		return nil, err
-	}
-	defer ln.Close()
-	accepted := make(chan error, 1)
-	go func() {
-		req, err := ln.Accept(ctx)
-		if err == nil {
-			err = req.Accept(srv, nil)
-		}
-		accepted <- err
-	}()
-	if _, err := c.qp.Connect(ctx, ln.Addr(), nil); err != nil {
-		return nil, err
-	}
-	if err := <-accepted; err != nil {
-		return nil, err
-	}
-	if cfg.recvs {
-		// The target reposts every receive a SEND consumes: no RNR ever.
-		rctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		c.stopRecv = func() { cancel(); <-done }
-		go func() {
-			defer close(done)
-			wcs := make([]nprdma.WC, 64)
-			for {
-				n, err := srvCQ.Wait(rctx, wcs)
-				if err != nil {
-					return
-				}
-				for _, wc := range wcs[:n] {
-					if wc.Status != nprdma.StatusSuccess || srv.PostRecv(recv) != nil {
-						return
-					}
-				}
-			}
-		}()
-	}
-	return c, nil
-}
-
-func (c *conn) close() {
-	if c.stopRecv != nil {
-		c.stopRecv()
-	}
-	c.cliDev.Close()
-	c.srvDev.Close()
-	for _, b := range c.bufs {
-		nprdma.FreeBuffer(b)
-	}
-}
-
-// wr is the work request of op on slot i.
-func (c *conn) wr(op nprdma.Opcode, size, slot int) nprdma.SendWR {
-	w := nprdma.SendWR{ID: uint64(slot), Op: op, SG: []nprdma.SGE{c.local.SGE(slot*size, size)}, Signaled: true}
-	if op != nprdma.OpSend {
-		w.RemoteAddr, w.RKey = c.remote.Addr()+uint64(slot*size), c.remote.RKey()
-	}
-	return w
-}
-
-// once posts w and waits for its completion.
-func (c *conn) once(ctx context.Context, w nprdma.SendWR) error {
-	if err := c.qp.PostSend(w); err != nil {
-		return err
-	}
-	if _, err := c.cq.Wait(ctx, c.wcs[:1]); err != nil {
-		return err
-	}
-	if s := c.wcs[0].Status; s != nprdma.StatusSuccess {
-		return fmt.Errorf("%s completed with %s", w.Op, s)
-	}
-	return nil
-}
-
-// latencies measures n operations of op at queue depth 1, after a warm-up.
-func (c *conn) latencies(ctx context.Context, op nprdma.Opcode, size, n int) ([]time.Duration, error) {
-	w := c.wr(op, size, 0)
+// latencies times n calls of once after a warm-up.
+func latencies(n int, once func() (time.Duration, error)) ([]time.Duration, error) {
 	out := make([]time.Duration, 0, n)
 	for i := -warmup(n); i < n; i++ {
-		t0 := time.Now()
-		if err := c.once(ctx, w); err != nil {
-			return nil, err
-		}
-		if i >= 0 {
-			out = append(out, time.Since(t0))
-		}
-	}
-	return out, nil
-}
-
-func warmup(n int) int { return min(n/10+1, 500) }
-
-// rawRoundTrip is a request/response over a plain loopback TCP socket: an
-// 8-byte request, a size-byte response, as a READ moves. It is the physical
-// limit of one operation over nprdma/tcp.
-type rawRoundTrip struct {
-	ln   net.Listener
-	c    net.Conn
-	req  [8]byte
-	resp []byte
-	done chan struct{}
-}
-
-func newRawRoundTrip(ctx context.Context, size int) (*rawRoundTrip, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	r := &rawRoundTrip{ln: ln, resp: make([]byte, size), done: make(chan struct{})}
-	go func() {
-		defer close(r.done)
-		s, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer s.Close()
-		s.(*net.TCPConn).SetNoDelay(true)
-		out := make([]byte, size)
-		var req [8]byte
-		for {
-			if _, err := io.ReadFull(s, req[:]); err != nil {
-				return
-			}
-			if _, err := s.Write(out[:binary.LittleEndian.Uint64(req[:])]); err != nil {
-				return
-			}
-		}
-	}()
-	var d net.Dialer
-	if r.c, err = d.DialContext(ctx, "tcp", ln.Addr().String()); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	r.c.(*net.TCPConn).SetNoDelay(true)
-	binary.LittleEndian.PutUint64(r.req[:], uint64(size))
-	return r, nil
-}
-
-func (r *rawRoundTrip) once() (time.Duration, error) {
-	t0 := time.Now()
-	if _, err := r.c.Write(r.req[:]); err != nil {
-		return 0, err
-	}
-	if _, err := io.ReadFull(r.c, r.resp); err != nil {
-		return 0, err
-	}
-	return time.Since(t0), nil
-}
-
-func (r *rawRoundTrip) latencies(n int) ([]time.Duration, error) {
-	out := make([]time.Duration, 0, n)
-	for i := -warmup(n); i < n; i++ {
-		d, err := r.once()
+		d, err := once()
 		if err != nil {
 			return nil, err
 		}
@@ -259,10 +28,15 @@ func (r *rawRoundTrip) latencies(n int) ([]time.Duration, error) {
 	return out, nil
 }
 
-func (r *rawRoundTrip) close() {
-	r.c.Close()
-	r.ln.Close()
-	<-r.done
+func warmup(n int) int { return min(n/10+1, 500) }
+
+// timedOnce is once for a queue pair: w posted, its completion awaited.
+func timedOnce(ctx context.Context, p *nprdmabench.Pair, w nprdma.SendWR) func() (time.Duration, error) {
+	return func() (time.Duration, error) {
+		t0 := time.Now()
+		err := p.Once(ctx, w)
+		return time.Since(t0), err
+	}
 }
 
 // FabricConfig sizes the fabric-ops experiment.
@@ -313,8 +87,8 @@ type latencyVariant struct {
 	op       nprdma.Opcode // 0: the raw socket
 	busyPoll bool
 	procs    int // GOMAXPROCS during the measurement (0: unchanged)
-	c        *conn
-	raw      *rawRoundTrip
+	c        *nprdmabench.Pair
+	raw      *nprdmabench.RawRoundTrip
 }
 
 func (v *latencyVariant) measure(ctx context.Context, n int) ([]time.Duration, error) {
@@ -322,9 +96,9 @@ func (v *latencyVariant) measure(ctx context.Context, n int) ([]time.Duration, e
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(v.procs))
 	}
 	if v.raw != nil {
-		return v.raw.latencies(n)
+		return latencies(n, v.raw.Once)
 	}
-	return v.c.latencies(ctx, v.op, 4096, n)
+	return latencies(n, timedOnce(ctx, v.c, v.c.WR(v.op, 4096, 0)))
 }
 
 // MeasureFabric runs fabric-ops with cfg.
@@ -353,19 +127,23 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 	defer func() {
 		for _, v := range vs {
 			if v.c != nil {
-				v.c.close()
+				v.c.Close()
 			}
 			if v.raw != nil {
-				v.raw.close()
+				v.raw.Close()
 			}
 		}
 	}()
 	for _, v := range vs {
 		var err error
 		if v.op == 0 {
-			v.raw, err = newRawRoundTrip(ctx, size)
+			v.raw, err = nprdmabench.DialRawRoundTrip(ctx, size)
 		} else {
-			v.c, err = dial(ctx, tcp.New(), connConfig{size: size, slots: 1, recvs: v.op == nprdma.OpSend, busyPoll: v.busyPoll, pin: true})
+			o := nprdmabench.PairOptions{LocalSize: size, RemoteSize: size, BusyPoll: v.busyPoll, Pin: true}
+			if v.op == nprdma.OpSend {
+				o.RecvSize = size
+			}
+			v.c, err = nprdmabench.NewPair(ctx, tcp.New(), o)
 		}
 		if err != nil {
 			return exp, fmt.Errorf("fabric-ops: set up %s: %w", v.key, err)

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nprdma/nprdma/bench"
+	"github.com/nprdma/nprdma/bench/nprdmabench"
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/integration/np/npread"
 	"github.com/nprdma/nprdma/nprdma"
@@ -122,7 +123,7 @@ type npProvider struct {
 	rq        *npread.Requester
 	pinnedMR  *nprdma.MR
 	pinnedBuf []byte
-	raw       *rawRoundTrip // tcp only
+	raw       *nprdmabench.RawRoundTrip // tcp only
 	cancel    context.CancelFunc
 	served    chan error
 }
@@ -162,7 +163,7 @@ func (p *npProvider) close() {
 		p.srv.Close()
 	}
 	if p.raw != nil {
-		p.raw.close()
+		p.raw.Close()
 	}
 	p.cliDev.Close()
 	p.srvDev.Close() // deregisters the regions
@@ -206,7 +207,7 @@ func openNPProvider(ctx context.Context, name string, prov nprdma.Provider, regi
 	})); err != nil {
 		return p, err
 	}
-	ln, err := p.srvDev.Listen(listenAddr(prov))
+	ln, err := p.srvDev.Listen(nprdmabench.ListenAddr(prov))
 	if err != nil {
 		return p, err
 	}
@@ -217,7 +218,7 @@ func openNPProvider(ctx context.Context, name string, prov nprdma.Provider, regi
 		return p, err
 	}
 	if name == "tcp" {
-		if p.raw, err = newRawRoundTrip(ctx, pageSize); err != nil {
+		if p.raw, err = nprdmabench.DialRawRoundTrip(ctx, pageSize); err != nil {
 			return p, err
 		}
 	}
@@ -321,7 +322,7 @@ func (p *npVariant) round(ctx context.Context, cfg NPReadConfig, pp *npPages, de
 			}
 		}
 		if p.raw != nil {
-			if err := timed("rtt", func() (err error) { _, err = p.raw.once(); return err }, func() error { return nil }); err != nil {
+			if err := timed("rtt", func() (err error) { _, err = p.raw.Once(); return err }, func() error { return nil }); err != nil {
 				return err
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/bench"
+	"github.com/nprdma/nprdma/bench/nprdmabench"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/tcp"
@@ -39,49 +40,6 @@ func PoolSpec() bench.Spec {
 	}
 }
 
-// poolRun reads size bytes at QD1 for d into buffers from pool; it returns
-// operations per second.
-func poolRun(ctx context.Context, c *conn, pool *nprdma.BufferPool, size int, d time.Duration) (float64, error) {
-	ops := 0
-	start := time.Now()
-	for time.Since(start) < d {
-		b, err := pool.Get(size)
-		if err != nil {
-			return 0, err
-		}
-		err = c.once(ctx, nprdma.SendWR{Op: nprdma.OpRead, SG: []nprdma.SGE{b.SGE()}, RemoteAddr: c.remote.Addr(), RKey: c.remote.RKey(), Signaled: true})
-		b.Release()
-		if err != nil {
-			return 0, err
-		}
-		ops++
-	}
-	return float64(ops) / time.Since(start).Seconds(), nil
-}
-
-// registerRun reads size bytes at QD1 for d into a buffer registered (and
-// pinned) before and deregistered after each READ.
-func registerRun(ctx context.Context, c *conn, mem []byte, size int, d time.Duration) (float64, error) {
-	pd := c.qp.PD()
-	ops := 0
-	start := time.Now()
-	for time.Since(start) < d {
-		mr, err := pd.Register(mem[:size], nprdma.AccessLocalWrite)
-		if err != nil {
-			return 0, err
-		}
-		err = c.once(ctx, nprdma.SendWR{Op: nprdma.OpRead, SG: []nprdma.SGE{mr.SGE(0, size)}, RemoteAddr: c.remote.Addr(), RKey: c.remote.RKey(), Signaled: true})
-		if derr := mr.Deregister(); err == nil {
-			err = derr
-		}
-		if err != nil {
-			return 0, err
-		}
-		ops++
-	}
-	return float64(ops) / time.Since(start).Seconds(), nil
-}
-
 // MeasurePool runs the pool experiment with cfg.
 func MeasurePool(ctx context.Context, env *bench.Env, cfg PoolConfig) (*bench.Experiment, error) {
 	if cfg.Rounds < 1 || cfg.Run <= 0 || len(cfg.Sizes) == 0 {
@@ -91,7 +49,7 @@ func MeasurePool(ctx context.Context, env *bench.Env, cfg PoolConfig) (*bench.Ex
 	type poolCase struct {
 		prov          string
 		size          int
-		c             *conn
+		c             *nprdmabench.Pair
 		pool          *nprdma.BufferPool
 		mem           []byte
 		pooled, perIO []float64 // ops/s per round
@@ -106,7 +64,7 @@ func MeasurePool(ctx context.Context, env *bench.Env, cfg PoolConfig) (*bench.Ex
 				nprdma.FreeBuffer(pc.mem)
 			}
 			if pc.c != nil {
-				pc.c.close()
+				pc.c.Close()
 			}
 		}
 	}()
@@ -123,10 +81,10 @@ func MeasurePool(ctx context.Context, env *bench.Env, cfg PoolConfig) (*bench.Ex
 			pc := &poolCase{prov: name, size: size}
 			cases = append(cases, pc)
 			var err error
-			if pc.c, err = dial(ctx, prov, connConfig{size: size, slots: 1, pin: true}); err != nil {
+			if pc.c, err = nprdmabench.NewPair(ctx, prov, nprdmabench.PairOptions{LocalSize: size, RemoteSize: size, Pin: true}); err != nil {
 				return exp, fmt.Errorf("pool: %s: %w", name, err)
 			}
-			if pc.pool, err = nprdma.NewBufferPool(pc.c.qp.PD(), nprdma.AccessLocalWrite); err != nil {
+			if pc.pool, err = nprdma.NewBufferPool(pc.c.Cli.PD(), nprdma.AccessLocalWrite); err != nil {
 				return exp, err
 			}
 			if pc.mem, err = nprdma.AllocBuffer(size); err != nil {
@@ -144,12 +102,12 @@ func MeasurePool(ctx context.Context, env *bench.Env, cfg PoolConfig) (*bench.Ex
 			for _, j := range bench.RoundOrder(2, round+i) {
 				err := sampled(&pl, "nprdma-bench (initiator and target in one process): pool", pinned, func() error {
 					if j == 0 {
-						r, err := poolRun(ctx, pc.c, pc.pool, pc.size, cfg.Run)
-						pc.pooled = append(pc.pooled, r)
+						ops, took, err := pc.c.PooledReads(ctx, pc.pool, pc.size, cfg.Run)
+						pc.pooled = append(pc.pooled, float64(ops)/took.Seconds())
 						return err
 					}
-					r, err := registerRun(ctx, pc.c, pc.mem, pc.size, cfg.Run)
-					pc.perIO = append(pc.perIO, r)
+					ops, took, err := pc.c.RegisteredReads(ctx, pc.mem, pc.size, cfg.Run)
+					pc.perIO = append(pc.perIO, float64(ops)/took.Seconds())
 					return err
 				})
 				if err != nil {

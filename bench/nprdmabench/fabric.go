@@ -8,27 +8,35 @@ import (
 	"github.com/nprdma/nprdma/nprdma"
 )
 
-// pair is a connected client and server on one provider, each with its own
-// device. Registered memory lives outside the Go heap, as a target's does.
-type pair struct {
-	cliDev, srvDev *nprdma.Device
-	cli, srv       *nprdma.QP
-	scq, srvRCQ    *nprdma.CQ
-	lmr, rmr       *nprdma.MR
-	mems           [][]byte
-	stopRecv       context.CancelFunc
-	recvDone       chan struct{}
+// Pair is a connected client and server queue pair on one provider, each
+// with its own device, with a registered local buffer on the client and a
+// remote region on the server that READ and WRITE name and SEND lands in.
+// Registered memory lives outside the Go heap, as a target's does.
+type Pair struct {
+	CliDev, SrvDev *nprdma.Device
+	Cli, Srv       *nprdma.QP
+	SendCQ         *nprdma.CQ // the client's
+	Local, Remote  *nprdma.MR
+
+	srvRCQ   *nprdma.CQ
+	mems     [][]byte
+	wcs      []nprdma.WC
+	stopRecv context.CancelFunc
+	recvDone chan struct{}
 }
 
-type pairOptions struct {
-	localSize, remoteSize int
-	recvSize              int // > 0: the server keeps receives of this size posted
-	busyPoll              bool
-	pin                   bool
-	remoteAccess          nprdma.Access
+// PairOptions sizes a Pair.
+type PairOptions struct {
+	LocalSize, RemoteSize int
+	RecvSize              int // > 0: the server keeps receives of this size posted
+	BusyPoll              bool
+	Pin                   bool          // Register pins with mlock (the default of a real NIC)
+	RemoteAccess          nprdma.Access // of the remote region (default local write, remote read and write)
 }
 
-func listenAddr(p nprdma.Provider) string {
+// ListenAddr is what a server on p listens on: an ephemeral loopback port
+// for tcp, a fresh name for loop.
+func ListenAddr(p nprdma.Provider) string {
 	if p.Name() == "tcp" {
 		return "127.0.0.1:0"
 	}
@@ -37,29 +45,31 @@ func listenAddr(p nprdma.Provider) string {
 
 const recvDepth = 1024
 
-func newPair(ctx context.Context, prov nprdma.Provider, o pairOptions) (*pair, error) {
-	p := &pair{
-		cliDev: nprdma.NewDevice(prov, nprdma.WithName("bench-client"), nprdma.WithPinning(o.pin)),
-		srvDev: nprdma.NewDevice(prov, nprdma.WithName("bench-server"), nprdma.WithPinning(o.pin)),
+// NewPair connects a Pair over prov.
+func NewPair(ctx context.Context, prov nprdma.Provider, o PairOptions) (*Pair, error) {
+	p := &Pair{
+		CliDev: nprdma.NewDevice(prov, nprdma.WithName("bench-client"), nprdma.WithPinning(o.Pin)),
+		SrvDev: nprdma.NewDevice(prov, nprdma.WithName("bench-server"), nprdma.WithPinning(o.Pin)),
+		wcs:    make([]nprdma.WC, 1),
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			p.close()
+			p.Close()
 		}
 	}()
 	var cqOpts []nprdma.CQOption
-	if o.busyPoll {
+	if o.BusyPoll {
 		cqOpts = append(cqOpts, nprdma.WithBusyPoll(200*time.Microsecond))
 	}
-	cpd, spd := p.cliDev.AllocPD(), p.srvDev.AllocPD()
-	p.scq = p.cliDev.NewCQ(4096, cqOpts...)
-	p.srvRCQ = p.srvDev.NewCQ(2 * recvDepth)
+	cpd, spd := p.CliDev.AllocPD(), p.SrvDev.AllocPD()
+	p.SendCQ = p.CliDev.NewCQ(4096, cqOpts...)
+	p.srvRCQ = p.SrvDev.NewCQ(2 * recvDepth)
 	var err error
-	if p.cli, err = cpd.NewQP(nprdma.QPConfig{SendCQ: p.scq, SendDepth: 512}); err != nil {
+	if p.Cli, err = cpd.NewQP(nprdma.QPConfig{SendCQ: p.SendCQ, SendDepth: 512}); err != nil {
 		return nil, err
 	}
-	if p.srv, err = spd.NewQP(nprdma.QPConfig{SendCQ: p.srvDev.NewCQ(16), RecvCQ: p.srvRCQ, RecvDepth: recvDepth}); err != nil {
+	if p.Srv, err = spd.NewQP(nprdma.QPConfig{SendCQ: p.SrvDev.NewCQ(16), RecvCQ: p.srvRCQ, RecvDepth: recvDepth}); err != nil {
 		return nil, err
 	}
 	alloc := func(pd *nprdma.PD, n int, access nprdma.Access) (*nprdma.MR, error) {
@@ -70,25 +80,25 @@ func newPair(ctx context.Context, prov nprdma.Provider, o pairOptions) (*pair, e
 		p.mems = append(p.mems, mem)
 		return pd.Register(mem, access)
 	}
-	if p.lmr, err = alloc(cpd, o.localSize, nprdma.AccessLocalWrite); err != nil {
+	if p.Local, err = alloc(cpd, o.LocalSize, nprdma.AccessLocalWrite); err != nil {
 		return nil, err
 	}
-	access := o.remoteAccess
+	access := o.RemoteAccess
 	if access == 0 {
 		access = nprdma.AccessLocalWrite | nprdma.AccessRemoteRead | nprdma.AccessRemoteWrite
 	}
-	if p.rmr, err = alloc(spd, max(o.remoteSize, o.recvSize), access); err != nil {
+	if p.Remote, err = alloc(spd, max(o.RemoteSize, o.RecvSize), access); err != nil {
 		return nil, err
 	}
-	if o.recvSize > 0 {
-		recv := nprdma.RecvWR{SG: []nprdma.SGE{p.rmr.SGE(0, o.recvSize)}}
+	if o.RecvSize > 0 {
+		recv := nprdma.RecvWR{SG: []nprdma.SGE{p.Remote.SGE(0, o.RecvSize)}}
 		for i := 0; i < recvDepth; i++ {
-			if err := p.srv.PostRecv(recv); err != nil {
+			if err := p.Srv.PostRecv(recv); err != nil {
 				return nil, err
 			}
 		}
 	}
-	ln, err := p.srvDev.Listen(listenAddr(prov))
+	ln, err := p.SrvDev.Listen(ListenAddr(prov))
 	if err != nil {
 		return nil, err
 	}
@@ -97,21 +107,21 @@ func newPair(ctx context.Context, prov nprdma.Provider, o pairOptions) (*pair, e
 	go func() {
 		req, err := ln.Accept(ctx)
 		if err == nil {
-			err = req.Accept(p.srv, nil)
+			err = req.Accept(p.Srv, nil)
 		}
 		accepted <- err
 	}()
-	if _, err := p.cli.Connect(ctx, ln.Addr(), nil); err != nil {
+	if _, err := p.Cli.Connect(ctx, ln.Addr(), nil); err != nil {
 		return nil, err
 	}
 	if err := <-accepted; err != nil {
 		return nil, err
 	}
-	if o.recvSize > 0 {
+	if o.RecvSize > 0 {
 		// Repost each consumed receive, so SENDs never meet an RNR.
 		rctx, cancel := context.WithCancel(context.Background())
 		p.stopRecv, p.recvDone = cancel, make(chan struct{})
-		recv := nprdma.RecvWR{SG: []nprdma.SGE{p.rmr.SGE(0, o.recvSize)}}
+		recv := nprdma.RecvWR{SG: []nprdma.SGE{p.Remote.SGE(0, o.RecvSize)}}
 		go func() {
 			defer close(p.recvDone)
 			wcs := make([]nprdma.WC, 64)
@@ -121,7 +131,7 @@ func newPair(ctx context.Context, prov nprdma.Provider, o pairOptions) (*pair, e
 					return
 				}
 				for i := 0; i < n; i++ {
-					if wcs[i].Status != nprdma.StatusSuccess || p.srv.PostRecv(recv) != nil {
+					if wcs[i].Status != nprdma.StatusSuccess || p.Srv.PostRecv(recv) != nil {
 						return
 					}
 				}
@@ -132,24 +142,25 @@ func newPair(ctx context.Context, prov nprdma.Provider, o pairOptions) (*pair, e
 	return p, nil
 }
 
-func (p *pair) close() {
+// Close closes both devices and frees the memory.
+func (p *Pair) Close() {
 	if p.stopRecv != nil {
 		p.stopRecv()
 		<-p.recvDone
 	}
-	p.cliDev.Close()
-	p.srvDev.Close()
+	p.CliDev.Close()
+	p.SrvDev.Close()
 	for _, m := range p.mems {
 		nprdma.FreeBuffer(m)
 	}
 }
 
-// wr builds the work request for op on slot i (each slot has its own local
+// WR builds the work request for op on slot i (each slot has its own local
 // and remote bytes).
-func (p *pair) wr(op nprdma.Opcode, size, slot int) nprdma.SendWR {
-	w := nprdma.SendWR{ID: uint64(slot), Op: op, SG: []nprdma.SGE{p.lmr.SGE(slot*size, size)}, Signaled: true}
+func (p *Pair) WR(op nprdma.Opcode, size, slot int) nprdma.SendWR {
+	w := nprdma.SendWR{ID: uint64(slot), Op: op, SG: []nprdma.SGE{p.Local.SGE(slot*size, size)}, Signaled: true}
 	if op == nprdma.OpRead || op == nprdma.OpWrite {
-		w.RemoteAddr, w.RKey = p.rmr.Addr()+uint64(slot*size), p.rmr.RKey()
+		w.RemoteAddr, w.RKey = p.Remote.Addr()+uint64(slot*size), p.Remote.RKey()
 	}
 	return w
 }
@@ -170,16 +181,16 @@ func opName(prov nprdma.Provider, op nprdma.Opcode, size int, busyPoll bool) str
 	return name
 }
 
-// roundTrip posts w and waits for its completion.
-func roundTrip(ctx context.Context, qp *nprdma.QP, cq *nprdma.CQ, w nprdma.SendWR, wcs []nprdma.WC) error {
-	if err := qp.PostSend(w); err != nil {
+// Once posts w on the client and waits for its completion (queue depth 1).
+func (p *Pair) Once(ctx context.Context, w nprdma.SendWR) error {
+	if err := p.Cli.PostSend(w); err != nil {
 		return err
 	}
-	if _, err := cq.Wait(ctx, wcs[:1]); err != nil {
+	if _, err := p.SendCQ.Wait(ctx, p.wcs); err != nil {
 		return err
 	}
-	if wcs[0].Status != nprdma.StatusSuccess {
-		return fmt.Errorf("nprdmabench: %s completed with %s", w.Op, wcs[0].Status)
+	if p.wcs[0].Status != nprdma.StatusSuccess {
+		return fmt.Errorf("nprdmabench: %s completed with %s", w.Op, p.wcs[0].Status)
 	}
 	return nil
 }
@@ -190,21 +201,20 @@ func OpLatency(ctx context.Context, prov nprdma.Provider, op nprdma.Opcode, size
 	if err := checkOp(op); err != nil {
 		return LatencyResult{}, err
 	}
-	o := pairOptions{localSize: size, remoteSize: size, busyPoll: busyPoll}
+	o := PairOptions{LocalSize: size, RemoteSize: size, BusyPoll: busyPoll}
 	if op == nprdma.OpSend {
-		o.recvSize = size
+		o.RecvSize = size
 	}
-	p, err := newPair(ctx, prov, o)
+	p, err := NewPair(ctx, prov, o)
 	if err != nil {
 		return LatencyResult{}, err
 	}
-	defer p.close()
-	w := p.wr(op, size, 0)
-	wcs := make([]nprdma.WC, 1)
+	defer p.Close()
+	w := p.WR(op, size, 0)
 	lat := make([]time.Duration, 0, samples)
 	for i := 0; i < samples+warmup(samples); i++ {
 		t0 := time.Now()
-		if err := roundTrip(ctx, p.cli, p.scq, w, wcs); err != nil {
+		if err := p.Once(ctx, w); err != nil {
 			return LatencyResult{}, err
 		}
 		if i >= warmup(samples) {
@@ -222,17 +232,17 @@ func OpThroughput(ctx context.Context, prov nprdma.Provider, op nprdma.Opcode, s
 	if qd < 1 || qd > 512 {
 		return ThroughputResult{}, fmt.Errorf("nprdmabench: queue depth %d outside [1, 512]", qd)
 	}
-	o := pairOptions{localSize: size * qd, remoteSize: size * qd, busyPoll: busyPoll}
+	o := PairOptions{LocalSize: size * qd, RemoteSize: size * qd, BusyPoll: busyPoll}
 	if op == nprdma.OpSend {
-		o.recvSize = size
+		o.RecvSize = size
 	}
-	p, err := newPair(ctx, prov, o)
+	p, err := NewPair(ctx, prov, o)
 	if err != nil {
 		return ThroughputResult{}, err
 	}
-	defer p.close()
+	defer p.Close()
 	for i := 0; i < qd; i++ {
-		if err := p.cli.PostSend(p.wr(op, size, i)); err != nil {
+		if err := p.Cli.PostSend(p.WR(op, size, i)); err != nil {
 			return ThroughputResult{}, err
 		}
 	}
@@ -241,7 +251,7 @@ func OpThroughput(ctx context.Context, prov nprdma.Provider, op nprdma.Opcode, s
 	start := time.Now()
 	deadline := start.Add(dur)
 	for outstanding > 0 {
-		n, err := p.scq.Wait(ctx, wcs)
+		n, err := p.SendCQ.Wait(ctx, wcs)
 		if err != nil {
 			return ThroughputResult{}, err
 		}
@@ -253,7 +263,7 @@ func OpThroughput(ctx context.Context, prov nprdma.Provider, op nprdma.Opcode, s
 			}
 			ops++
 			if more {
-				if err := p.cli.PostSend(p.wr(op, size, int(wc.ID))); err != nil {
+				if err := p.Cli.PostSend(p.WR(op, size, int(wc.ID))); err != nil {
 					return ThroughputResult{}, err
 				}
 				outstanding++
@@ -267,12 +277,12 @@ func OpThroughput(ctx context.Context, prov nprdma.Provider, op nprdma.Opcode, s
 // over pager (the NP read path without faults when every page is resident),
 // walking through the region.
 func UnpinnedReadLatency(ctx context.Context, prov nprdma.Provider, pager nprdma.Pager, size, samples int) (LatencyResult, error) {
-	p, err := newPair(ctx, prov, pairOptions{localSize: size, remoteSize: 4096})
+	p, err := NewPair(ctx, prov, PairOptions{LocalSize: size, RemoteSize: 4096})
 	if err != nil {
 		return LatencyResult{}, err
 	}
-	defer p.close()
-	mr, err := p.srv.PD().RegisterUnpinned(pager, nprdma.AccessRemoteRead)
+	defer p.Close()
+	mr, err := p.Srv.PD().RegisterUnpinned(pager, nprdma.AccessRemoteRead)
 	if err != nil {
 		return LatencyResult{}, err
 	}
@@ -281,15 +291,14 @@ func UnpinnedReadLatency(ctx context.Context, prov nprdma.Provider, pager nprdma
 		return LatencyResult{}, fmt.Errorf("nprdmabench: %d-byte reads from a %d-byte region", size, mr.Len())
 	}
 	slots := mr.Len() / size
-	wcs := make([]nprdma.WC, 1)
 	lat := make([]time.Duration, 0, samples)
 	for i := 0; i < samples+warmup(samples); i++ {
-		w := nprdma.SendWR{Op: nprdma.OpRead, SG: []nprdma.SGE{p.lmr.SGE(0, size)}, RemoteAddr: mr.Addr() + uint64((i%slots)*size), RKey: mr.RKey(), Signaled: true}
+		w := nprdma.SendWR{Op: nprdma.OpRead, SG: []nprdma.SGE{p.Local.SGE(0, size)}, RemoteAddr: mr.Addr() + uint64((i%slots)*size), RKey: mr.RKey(), Signaled: true}
 		t0 := time.Now()
-		if err := roundTrip(ctx, p.cli, p.scq, w, wcs); err != nil {
+		if err := p.Once(ctx, w); err != nil {
 			return LatencyResult{}, err
 		}
-		p.cliDev.FindMagicPages(p.lmr.Bytes()[:size], w.RemoteAddr, mr.Addr(), mr.PageSize(), mr.Magic())
+		p.CliDev.FindMagicPages(p.Local.Bytes()[:size], w.RemoteAddr, mr.Addr(), mr.PageSize(), mr.Magic())
 		if i >= warmup(samples) {
 			lat = append(lat, time.Since(t0))
 		}
@@ -302,58 +311,80 @@ func UnpinnedReadLatency(ctx context.Context, prov nprdma.Provider, pager nprdma
 // deregistered around each I/O (pinned with mlock, as ibv_reg_mr does), for
 // dur each.
 func PoolVsRegister(ctx context.Context, prov nprdma.Provider, size int, dur time.Duration) (pooled, perIO ThroughputResult, err error) {
-	p, err := newPair(ctx, prov, pairOptions{localSize: 4096, remoteSize: size, pin: true})
+	p, err := NewPair(ctx, prov, PairOptions{LocalSize: 4096, RemoteSize: size, Pin: true})
 	if err != nil {
 		return pooled, perIO, err
 	}
-	defer p.close()
-	pd := p.cli.PD()
-	pool, err := nprdma.NewBufferPool(pd, nprdma.AccessLocalWrite)
+	defer p.Close()
+	pool, err := nprdma.NewBufferPool(p.Cli.PD(), nprdma.AccessLocalWrite)
 	if err != nil {
 		return pooled, perIO, err
 	}
 	defer pool.Close()
-	wcs := make([]nprdma.WC, 1)
-	read := func(sge nprdma.SGE) error {
-		return roundTrip(ctx, p.cli, p.scq, nprdma.SendWR{Op: nprdma.OpRead, SG: []nprdma.SGE{sge}, RemoteAddr: p.rmr.Addr(), RKey: p.rmr.RKey(), Signaled: true}, wcs)
+	ops, took, err := p.PooledReads(ctx, pool, size, dur)
+	if err != nil {
+		return pooled, perIO, err
 	}
-	ops := 0
-	start := time.Now()
-	for time.Since(start) < dur {
-		b, err := pool.Get(size)
-		if err != nil {
-			return pooled, perIO, err
-		}
-		err = read(b.SGE())
-		b.Release()
-		if err != nil {
-			return pooled, perIO, err
-		}
-		ops++
-	}
-	pooled = throughput(fmt.Sprintf("%s-READ-%d-pooled", prov.Name(), size), size, 1, ops, time.Since(start))
-
+	pooled = throughput(fmt.Sprintf("%s-READ-%d-pooled", prov.Name(), size), size, 1, ops, took)
 	mem, err := nprdma.AllocBuffer(size)
 	if err != nil {
 		return pooled, perIO, err
 	}
 	defer nprdma.FreeBuffer(mem)
-	ops = 0
-	start = time.Now()
-	for time.Since(start) < dur {
-		mr, err := pd.Register(mem, nprdma.AccessLocalWrite)
+	if ops, took, err = p.RegisteredReads(ctx, mem, size, dur); err != nil {
+		return pooled, perIO, err
+	}
+	perIO = throughput(fmt.Sprintf("%s-READ-%d-register-per-io", prov.Name(), size), size, 1, ops, took)
+	return pooled, perIO, nil
+}
+
+// PooledReads READs size bytes of the remote region at queue depth 1 for d,
+// each into a buffer taken from pool and released after it; it returns the
+// operations done and the time they took.
+func (p *Pair) PooledReads(ctx context.Context, pool *nprdma.BufferPool, size int, d time.Duration) (int, time.Duration, error) {
+	ops := 0
+	start := time.Now()
+	for time.Since(start) < d {
+		b, err := pool.Get(size)
 		if err != nil {
-			return pooled, perIO, err
+			return ops, time.Since(start), err
 		}
-		err = read(mr.SGE(0, size))
+		err = p.Once(ctx, p.readInto(b.SGE()))
+		b.Release()
+		if err != nil {
+			return ops, time.Since(start), err
+		}
+		ops++
+	}
+	return ops, time.Since(start), nil
+}
+
+// RegisteredReads READs size bytes of the remote region at queue depth 1
+// for d into mem, registered (pinned, with the client device's pinning)
+// before each READ and deregistered after it, as a data path without a pool
+// would; it returns the operations done and the time they took.
+func (p *Pair) RegisteredReads(ctx context.Context, mem []byte, size int, d time.Duration) (int, time.Duration, error) {
+	pd := p.Cli.PD()
+	ops := 0
+	start := time.Now()
+	for time.Since(start) < d {
+		mr, err := pd.Register(mem[:size], nprdma.AccessLocalWrite)
+		if err != nil {
+			return ops, time.Since(start), err
+		}
+		err = p.Once(ctx, p.readInto(mr.SGE(0, size)))
 		if derr := mr.Deregister(); err == nil {
 			err = derr
 		}
 		if err != nil {
-			return pooled, perIO, err
+			return ops, time.Since(start), err
 		}
 		ops++
 	}
-	perIO = throughput(fmt.Sprintf("%s-READ-%d-register-per-io", prov.Name(), size), size, 1, ops, time.Since(start))
-	return pooled, perIO, nil
+	return ops, time.Since(start), nil
+}
+
+// readInto is a READ of the start of the remote region into sge.
+func (p *Pair) readInto(sge nprdma.SGE) nprdma.SendWR {
+	return nprdma.SendWR{Op: nprdma.OpRead, SG: []nprdma.SGE{sge}, RemoteAddr: p.Remote.Addr(), RKey: p.Remote.RKey(), Signaled: true}
 }

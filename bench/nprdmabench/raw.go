@@ -69,36 +69,70 @@ func dialRaw(ctx context.Context, s *rawServer) (*net.TCPConn, error) {
 	return tc, nil
 }
 
+// RawRoundTrip is a client of a raw server: an 8-byte request answered by a
+// size-byte response over a plain loopback TCP socket, as a READ moves. It
+// is the physical limit of one operation over nprdma/tcp.
+type RawRoundTrip struct {
+	s    *rawServer
+	c    *net.TCPConn
+	req  [8]byte
+	resp []byte
+}
+
+// DialRawRoundTrip starts a raw server for size-byte responses and connects
+// to it.
+func DialRawRoundTrip(ctx context.Context, size int) (*RawRoundTrip, error) {
+	s, err := startRawServer(size)
+	if err != nil {
+		return nil, err
+	}
+	c, err := dialRaw(ctx, s)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	r := &RawRoundTrip{s: s, c: c, resp: make([]byte, size)}
+	binary.LittleEndian.PutUint64(r.req[:], uint64(size))
+	return r, nil
+}
+
+// Once does one request/response and returns its latency.
+func (r *RawRoundTrip) Once() (time.Duration, error) {
+	t0 := time.Now()
+	if _, err := r.c.Write(r.req[:]); err != nil {
+		return 0, err
+	}
+	if _, err := io.ReadFull(r.c, r.resp); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
+}
+
+// Close closes the connection and the server.
+func (r *RawRoundTrip) Close() {
+	r.c.Close()
+	r.s.close()
+}
+
 // RawTCPRoundTrip measures a request/response of size bytes (an 8-byte
 // request, a size-byte response, as a READ) over a plain loopback TCP socket.
 func RawTCPRoundTrip(ctx context.Context, size, samples int) (LatencyResult, error) {
-	s, err := startRawServer(size)
+	r, err := DialRawRoundTrip(ctx, size)
 	if err != nil {
 		return LatencyResult{}, err
 	}
-	defer s.close()
-	c, err := dialRaw(ctx, s)
-	if err != nil {
-		return LatencyResult{}, err
-	}
-	defer c.Close()
-	var req [8]byte
-	binary.LittleEndian.PutUint64(req[:], uint64(size))
-	resp := make([]byte, size)
+	defer r.Close()
 	lat := make([]time.Duration, 0, samples)
 	for i := 0; i < samples+warmup(samples); i++ {
 		if ctx.Err() != nil {
 			return LatencyResult{}, ctx.Err()
 		}
-		t0 := time.Now()
-		if _, err := c.Write(req[:]); err != nil {
-			return LatencyResult{}, err
-		}
-		if _, err := io.ReadFull(c, resp); err != nil {
+		d, err := r.Once()
+		if err != nil {
 			return LatencyResult{}, err
 		}
 		if i >= warmup(samples) {
-			lat = append(lat, time.Since(t0))
+			lat = append(lat, d)
 		}
 	}
 	return summarize(fmt.Sprintf("raw-tcp-rtt-%d", size), lat), nil
