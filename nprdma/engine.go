@@ -81,11 +81,11 @@ func (qp *QP) serveRead(seq uint32, mr *MR, off, n int) {
 // straight into the requester's buffer (see unpinnedSource); otherwise the
 // pages are copied into staging buffers the link sends from.
 func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
+	// Every page the READ touches, counted once from its range whichever
+	// way it is copied (a page split between staging chunks is one page).
+	ps := mr.pageSize
+	qp.dev.ctr.unpinnedPagesRead.Add(uint64((off+n-1)/ps - off/ps + 1))
 	if qp.copyAtDelivery {
-		// Counted here, on the responder's goroutine with its other
-		// counters: the copy runs on the requester's.
-		ps := uint64(mr.pageSize)
-		qp.dev.ctr.unpinnedPagesRead.Add((uint64(off+n)-1)/ps - uint64(off)/ps + 1)
 		src := getUnpinnedSource(qp.dev, mr, off, n)
 		p := Packet{Header: Header{Kind: PacketReadResponse, Seq: seq, Len: uint32(n), Last: true}, Src: src, Buf: src}
 		qp.respond(p)
@@ -95,9 +95,9 @@ func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
 		return
 	}
 	rs := &qp.rs
-	pager, ps := mr.pager, mr.pageSize
+	pager := mr.pager
 	runs := rs.runs[:0]
-	var pages, magic uint64
+	var magic uint64
 	for pos, end := off, off+n; pos < end; {
 		chunkEnd := min(end, pos+stageChunk)
 		stg := getStage(chunkEnd - pos)
@@ -110,7 +110,6 @@ func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
 				copy(stg.b[pos-base:pe-base], mr.buf[pos:pe])
 				good = pager.ReadEnd(page, v)
 			}
-			pages++
 			if !good {
 				magic++
 			}
@@ -122,7 +121,6 @@ func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
 			pos = pe
 		}
 	}
-	qp.dev.ctr.unpinnedPagesRead.Add(pages)
 	qp.dev.ctr.magicPagesServed.Add(magic)
 
 	pkts := rs.pkts[:0]

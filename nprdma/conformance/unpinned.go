@@ -113,6 +113,17 @@ func testUnpinned(t *testing.T, h Harness) {
 		}
 	}
 	check("large", 24*ps, 80*ps, magic, want)
+	// The same pages from mid-page: the page that straddles two staging
+	// chunks is still one page read, counted once.
+	off, n = 24*ps+100, 70*ps
+	inRange, want := map[int]bool{}, []nprdma.PageRange(nil)
+	for p := 24; p <= (off+n-1)/ps; p++ {
+		if magic[p] {
+			inRange[p] = true
+			want = append(want, nprdma.PageRange{Off: p*ps - off, Addr: addr(p * ps), Len: ps})
+		}
+	}
+	check("large, unaligned", off, n, inRange, want)
 
 	// Scattered into three SGEs whose boundaries fall inside pages, one of
 	// them changing during its copy and one absent: each page part must
