@@ -208,13 +208,15 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 	}
 
 	exp.Method = fmt.Sprintf("Initiator and target are two nprdma devices on nprdma/tcp in the bench process, connected over loopback "+
-		"(one TCP connection per queue pair), with pinned registered memory from AllocBuffer. Latency: %d 4 KiB operations at queue "+
+		"(one TCP connection per queue pair), with pinned registered memory from AllocBuffer filled with data (every page written: "+
+		"memory never written reads as the kernel's one zero page, always in cache). Latency: %d 4 KiB operations at queue "+
 		"depth 1 (post to completion, after a warm-up) per case per round, %d rounds, the cases in reverse order every other "+
 		"round; a figure is the mean of the per-round percentiles. The baseline is an 8-byte request answered by 4 KiB over a "+
 		"plain loopback TCP socket (TCP_NODELAY) measured in the same rounds. Variants: a busy-polling completion queue (spins "+
 		"200 µs before parking) and GOMAXPROCS=1 (READ and the raw round trip). Throughput: READ, WRITE and SEND of 4 KiB and "+
 		"128 KiB with 1–32 operations outstanding for %v each (bench/nprdmabench), against a raw request/response stream with as "+
-		"many requests in flight on one socket, %d rounds in alternating order; a depth's ratio is the median over rounds of "+
+		"many requests in flight on one socket, whose server answers from as many slots of data in turn as the op's "+
+		"remote region has, %d rounds in alternating order; a depth's ratio is the median over rounds of "+
 		"each round's op against that round's raw stream, and the goal is judged at the depth with the lowest.",
 		cfg.Samples, cfg.Rounds, cfg.Run, cfg.ThroughputRounds)
 	exp.AddParam("latency samples per case per round", cfg.Samples)

@@ -1,7 +1,10 @@
 package nprdmabench
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
+	"io"
 	"testing"
 	"time"
 
@@ -56,5 +59,61 @@ func TestQuick(t *testing.T) {
 	}
 	if CPUPlacement() == "" {
 		t.Fatal("no CPU placement")
+	}
+}
+
+// TestSourcesHoldRealData checks that the raw server answers from slots of
+// real data in turn, and that a Pair's regions hold real data: memory never
+// written reads as the kernel's zero page, which would flatter every copy.
+func TestSourcesHoldRealData(t *testing.T) {
+	const size, slots = 8192, 3
+	b := make([]byte, size*slots+5)
+	FillPattern(b)
+	for i := 0; i+8 <= len(b); i += 8 {
+		if binary.LittleEndian.Uint64(b[i:]) == 0 {
+			t.Fatalf("FillPattern left a zero word at %d", i)
+		}
+	}
+	if bytes.Equal(b[:size], b[size:2*size]) {
+		t.Fatal("FillPattern repeats itself from one slot to the next")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := startRawServer(size, slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	c, err := dialRaw(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var req [8]byte
+	binary.LittleEndian.PutUint64(req[:], size)
+	var got [][]byte
+	for range slots + 1 {
+		if _, err := c.Write(req[:]); err != nil {
+			t.Fatal(err)
+		}
+		resp := make([]byte, size)
+		if _, err := io.ReadFull(c, resp); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, resp)
+	}
+	if !bytes.Equal(got[0], b[:size]) || !bytes.Equal(got[1], b[size:2*size]) || !bytes.Equal(got[slots], got[0]) {
+		t.Fatal("the raw server does not answer from its slots of real data in turn")
+	}
+
+	p, err := NewPair(ctx, loop.New(), PairOptions{LocalSize: size, RemoteSize: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, mr := range []*nprdma.MR{p.Local, p.Remote} {
+		if binary.LittleEndian.Uint64(mr.Bytes()) == 0 || binary.LittleEndian.Uint64(mr.Bytes()[size-8:]) == 0 {
+			t.Fatal("a Pair's region holds zeros")
+		}
 	}
 }

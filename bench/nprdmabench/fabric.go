@@ -78,6 +78,7 @@ func NewPair(ctx context.Context, prov nprdma.Provider, o PairOptions) (*Pair, e
 			return nil, err
 		}
 		p.mems = append(p.mems, mem)
+		FillPattern(mem) // real data: never-written pages all read as the one zero page
 		return pd.Register(mem, access)
 	}
 	if p.Local, err = alloc(cpd, o.LocalSize, nprdma.AccessLocalWrite); err != nil {
@@ -90,10 +91,16 @@ func NewPair(ctx context.Context, prov nprdma.Provider, o PairOptions) (*Pair, e
 	if p.Remote, err = alloc(spd, max(o.RemoteSize, o.RecvSize), access); err != nil {
 		return nil, err
 	}
+	// Receives land in the remote region's slots in turn, as READs and
+	// WRITEs at the same depth use them.
+	recvSlots := max(1, o.RemoteSize/max(o.RecvSize, 1))
+	recv := func(i int) nprdma.RecvWR {
+		slot := i % recvSlots
+		return nprdma.RecvWR{ID: uint64(slot), SG: []nprdma.SGE{p.Remote.SGE(slot*o.RecvSize, o.RecvSize)}}
+	}
 	if o.RecvSize > 0 {
-		recv := nprdma.RecvWR{SG: []nprdma.SGE{p.Remote.SGE(0, o.RecvSize)}}
 		for i := 0; i < recvDepth; i++ {
-			if err := p.Srv.PostRecv(recv); err != nil {
+			if err := p.Srv.PostRecv(recv(i)); err != nil {
 				return nil, err
 			}
 		}
@@ -121,7 +128,6 @@ func NewPair(ctx context.Context, prov nprdma.Provider, o PairOptions) (*Pair, e
 		// Repost each consumed receive, so SENDs never meet an RNR.
 		rctx, cancel := context.WithCancel(context.Background())
 		p.stopRecv, p.recvDone = cancel, make(chan struct{})
-		recv := nprdma.RecvWR{SG: []nprdma.SGE{p.Remote.SGE(0, o.RecvSize)}}
 		go func() {
 			defer close(p.recvDone)
 			wcs := make([]nprdma.WC, 64)
@@ -131,7 +137,7 @@ func NewPair(ctx context.Context, prov nprdma.Provider, o PairOptions) (*Pair, e
 					return
 				}
 				for i := 0; i < n; i++ {
-					if wcs[i].Status != nprdma.StatusSuccess || p.Srv.PostRecv(recv) != nil {
+					if wcs[i].Status != nprdma.StatusSuccess || p.Srv.PostRecv(recv(int(wcs[i].ID))) != nil {
 						return
 					}
 				}
