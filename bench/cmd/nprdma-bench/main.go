@@ -50,7 +50,7 @@ func newApp() *cli.App {
 			&cli.BoolFlag{Name: "install-missing", Value: true, Usage: "apt-get install missing peers (fio, nbdkit, ...) when running as root"},
 			&cli.StringSliceFlag{Name: "note", Usage: "a note printed at the top of the report (repeatable), e.g. that the machine was shared"},
 			&cli.BoolFlag{Name: "carry-over", Value: true, Usage: "keep earlier results of experiments this run does not run"},
-			&cli.BoolFlag{Name: "render-only", Usage: "measure nothing: regenerate the report from --out's results.json"},
+			&cli.BoolFlag{Name: "render-only", Usage: "measure nothing: regenerate the report from --out's results.json (--note adds to its notes)"},
 			&cli.BoolFlag{Name: "list", Usage: "list the experiments, their status and goals, and exit"},
 		},
 		Action: run,
@@ -77,7 +77,7 @@ func run(c *cli.Context) error {
 	outDir := fromRoot(root, c.String("out"))
 	reportPath := fromRoot(root, c.String("report"))
 	if c.Bool("render-only") {
-		return renderOnly(filepath.Join(outDir, "results.json"), reportPath)
+		return renderOnly(filepath.Join(outDir, "results.json"), reportPath, c.StringSlice("note"))
 	}
 	scratch := outDir
 	if s := c.String("scratch"); s != "" {
@@ -151,11 +151,19 @@ func run(c *cli.Context) error {
 }
 
 // renderOnly regenerates the report from stored results: the report is a
-// pure function of them, so styling changes need no new measurements.
-func renderOnly(resultsPath, reportPath string) error {
+// pure function of them, so styling changes need no new measurements. Notes
+// given now (say, on runs made after the stored one) are added to the stored
+// run's, in results.json too, so that the record and the report agree.
+func renderOnly(resultsPath, reportPath string, notes []string) error {
 	r, err := bench.ReadRun(resultsPath)
 	if err != nil {
 		return err
+	}
+	if len(notes) > 0 {
+		r.Notes = append(r.Notes, notes...)
+		if err := r.WriteJSON(resultsPath); err != nil {
+			return err
+		}
 	}
 	if err := bench.WriteReport(r, reportPath); err != nil {
 		return err

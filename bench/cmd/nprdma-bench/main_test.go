@@ -109,6 +109,17 @@ func TestRenderOnly(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "docs", "bench", "blockdev-x.svg")); err != nil {
 		t.Fatal(err)
 	}
+	// A note given when rendering joins the stored ones, in the report and
+	// in the record.
+	if _, err := runApp(t, "--render-only", "--out", filepath.Join(dir, "out"), "--report", report, "--note", "ran again later"); err != nil {
+		t.Fatal(err)
+	}
+	if md, err := os.ReadFile(report); err != nil || !strings.Contains(string(md), "ran again later") {
+		t.Fatalf("the note is not in the report (%v)", err)
+	}
+	if stored, err := bench.ReadRun(filepath.Join(dir, "out", "results.json")); err != nil || !slices.Contains(stored.Notes, "ran again later") {
+		t.Fatalf("the note is not in results.json (%v)", err)
+	}
 	if _, err := runApp(t, "--render-only", "--out", filepath.Join(dir, "missing"), "--report", report); err == nil {
 		t.Fatal("rendering from a missing results file succeeded")
 	}
