@@ -177,8 +177,8 @@ func FuzzHandshake(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fr, n, err := parseCM(data, frameConnect, frameAccept, frameReject)
-		if err == nil {
+		fr, n, parseErr := parseCM(data, frameConnect, frameAccept, frameReject)
+		if err := parseErr; err == nil {
 			if len(fr.privateData) > nprdma.MaxPrivateData {
 				t.Fatalf("accepted %d bytes of private data", len(fr.privateData))
 			}
@@ -188,10 +188,18 @@ func FuzzHandshake(f *testing.F) {
 		} else if !errors.Is(err, errShort) && !errors.Is(err, errFrame) {
 			t.Fatalf("unexpected error %v", err)
 		}
-		// The reader the handshake uses ends with a frame or an error.
-		rd := newReader(bytes.NewReader(data), 64)
-		if _, err := readCM(rd, frameConnect); err == nil && data[0] != frameConnect {
-			t.Fatalf("readCM returned a frame of type %d", data[0])
+		// The reader the handshake uses ends with a frame or an error, with
+		// the smallest read buffer a provider allows and with one too small
+		// for the frame (which once spun for ever).
+		for _, size := range []int{2*maxHeaderLen + nprdma.MaxPrivateData, 64} {
+			rd := newReader(bytes.NewReader(data), size)
+			got, err := readCM(rd, frameConnect)
+			if err == nil && data[0] != frameConnect {
+				t.Fatalf("readCM returned a frame of type %d", data[0])
+			}
+			if size >= len(data) && (err == nil) != (parseErr == nil && fr.typ == frameConnect) {
+				t.Fatalf("readCM with a %d-byte buffer: %+v, %v; parseCM: %+v, %v", size, got, err, fr, parseErr)
+			}
 		}
 	})
 }

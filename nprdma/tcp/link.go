@@ -457,8 +457,13 @@ func (r *reader) fillAtMost(n, limit int) error {
 	return err
 }
 
-// fill reads until at least n bytes are buffered.
+// fill reads until at least n bytes are buffered. More than the buffer holds
+// is an error, not a wait: reading into no room would return nothing for
+// ever.
 func (r *reader) fill(n int) error {
+	if n > len(r.buf) {
+		return fmt.Errorf("%w: %d bytes needed at once, more than the %d-byte read buffer", errFrame, n, len(r.buf))
+	}
 	if r.r == r.w {
 		r.r, r.w = 0, 0
 	}
