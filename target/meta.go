@@ -145,16 +145,34 @@ func (m *metaStore) putNamespace(r namespaceRecord) error {
 	return m.put(namespaceKey(r.SubNQN, r.NSID), r)
 }
 
-// markRunning removes the clean-shutdown marker and reports whether the
-// previous run had left one (false after a crash or on first start).
-func (m *metaStore) markRunning() (wasClean bool, err error) {
+// markRunning removes the clean-shutdown marker and reports how the
+// previous run ended: cleanly if it left the marker, not at all if the store
+// is empty (nothing was ever recorded, so no run served), else uncleanly.
+func (m *metaStore) markRunning() (PreviousRun, error) {
 	var at time.Time
-	wasClean, err = m.get([]byte(keyCleanShutdown), &at)
+	clean, err := m.get([]byte(keyCleanShutdown), &at)
 	if err != nil {
-		return false, err
+		return PreviousRunUnknown, err
+	}
+	empty := false
+	if err := m.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{})
+		defer it.Close()
+		it.Rewind()
+		empty = !it.Valid()
+		return nil
+	}); err != nil {
+		return PreviousRunUnknown, err
+	}
+	prev := PreviousRunUnclean
+	switch {
+	case clean:
+		prev = PreviousRunClean
+	case empty:
+		prev = PreviousRunNone
 	}
 	err = m.db.Update(func(txn *badger.Txn) error { return txn.Delete([]byte(keyCleanShutdown)) })
-	return wasClean, err
+	return prev, err
 }
 
 // markClean records a clean shutdown: every dirty page was flushed.

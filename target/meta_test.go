@@ -11,9 +11,9 @@ func TestMetaStorePersistsIdentityAndShutdownState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clean, err := m.markRunning()
-	if err != nil || clean {
-		t.Fatalf("first start: clean=%v err=%v, want false, nil", clean, err)
+	prev, err := m.markRunning()
+	if err != nil || prev != PreviousRunNone {
+		t.Fatalf("first start: previous run %v, err %v; want %v", prev, err, PreviousRunNone)
 	}
 	ns := namespaceRecord{SubNQN: "nqn.2026-11.io.nprdma:a", NSID: 1, Backing: "/x", Size: 1 << 30,
 		NGUID: [16]byte{1, 2, 3}, UUID: [16]byte{9, 8, 7}}
@@ -36,12 +36,14 @@ func TestMetaStorePersistsIdentityAndShutdownState(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.close()
-	clean, err = m.markRunning()
-	if err != nil || !clean {
-		t.Fatalf("after clean shutdown: clean=%v err=%v, want true, nil", clean, err)
+	prev, err = m.markRunning()
+	if err != nil || prev != PreviousRunClean {
+		t.Fatalf("after clean shutdown: previous run %v, err %v; want %v", prev, err, PreviousRunClean)
 	}
-	if clean, _ = m.markRunning(); clean {
-		t.Fatal("marker must be consumed by markRunning")
+	// The marker is consumed: without a clean shutdown in between, a store
+	// that holds records reads as a crash.
+	if prev, _ = m.markRunning(); prev != PreviousRunUnclean {
+		t.Fatalf("marker not consumed: previous run %v, want %v", prev, PreviousRunUnclean)
 	}
 	got, ok, err := m.namespace(ns.SubNQN, 1)
 	if err != nil || !ok || got.NGUID != ns.NGUID || got.UUID != ns.UUID || got.Backing != "/x" {

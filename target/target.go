@@ -141,7 +141,7 @@ type Target struct {
 	pool *nprdma.BufferPool
 	pins *pinnedArena // the baseline mode's pinned memory, else nil
 
-	wasClean bool
+	prevRun PreviousRun
 
 	mu        sync.Mutex
 	subs      map[string]*Subsystem
@@ -218,7 +218,7 @@ func New(opts ...Option) (*Target, error) {
 		if t.meta, err = openMeta(cfg.dataDir, t.log); err != nil {
 			return fail(err)
 		}
-		if t.wasClean, err = t.meta.markRunning(); err != nil {
+		if t.prevRun, err = t.meta.markRunning(); err != nil {
 			return fail(err)
 		}
 	}
@@ -230,10 +230,36 @@ func New(opts ...Option) (*Target, error) {
 	return t, nil
 }
 
-// PreviousShutdownClean reports whether the previous run with the same data
-// directory ended with a clean shutdown (false after a crash, on a first
-// start, or without a data directory).
-func (t *Target) PreviousShutdownClean() bool { return t.wasClean }
+// PreviousRun is how the previous run with the same data directory ended.
+type PreviousRun int
+
+const (
+	// PreviousRunUnknown: the target has no data directory.
+	PreviousRunUnknown PreviousRun = iota
+	// PreviousRunNone: the first start with this data directory.
+	PreviousRunNone
+	// PreviousRunClean: a clean shutdown, every dirty page flushed.
+	PreviousRunClean
+	// PreviousRunUnclean: a crash or a kill; writes acknowledged but not
+	// flushed before it may be lost, everything flushed is kept.
+	PreviousRunUnclean
+)
+
+func (p PreviousRun) String() string {
+	switch p {
+	case PreviousRunNone:
+		return "none (first start with this data directory)"
+	case PreviousRunClean:
+		return "shut down cleanly"
+	case PreviousRunUnclean:
+		return "did not shut down cleanly (crash or kill: only flushed writes are kept)"
+	}
+	return "unknown (no data directory)"
+}
+
+// PreviousRun reports how the previous run with the same data directory
+// ended.
+func (t *Target) PreviousRun() PreviousRun { return t.prevRun }
 
 // Device is the target's nprdma device.
 func (t *Target) Device() *nprdma.Device { return t.dev }

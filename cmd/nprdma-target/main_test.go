@@ -20,6 +20,7 @@ import (
 	"github.com/nprdma/nprdma/internal/banner"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/target"
 )
 
 // The tests run the real command as a child process: the test binary
@@ -239,6 +240,9 @@ func TestSIGTERMDrainsFlushesAndExitsZero(t *testing.T) {
 	dir := t.TempDir()
 	makeBacking(t, dir, 16<<20)
 	p := startTargetProc(t, targetArgs(dir)...)
+	if !strings.Contains(p.banner, banner.PreviousRun+target.PreviousRunNone.String()) {
+		t.Fatalf("first start: %q", p.banner)
+	}
 	_, n, done := connectNS(t, p.addr)
 	data := make([]byte, 1<<20)
 	fill(data, 4<<20, 1)
@@ -261,7 +265,7 @@ func TestSIGTERMDrainsFlushesAndExitsZero(t *testing.T) {
 		t.Fatal("writes acknowledged before SIGTERM are not on the backing file")
 	}
 	p2 := startTargetProc(t, targetArgs(dir)...)
-	if !strings.Contains(p2.banner, "previous shutdown clean: true") {
+	if !strings.Contains(p2.banner, banner.PreviousRun+target.PreviousRunClean.String()) {
 		t.Fatalf("restart after SIGTERM: %q", p2.banner)
 	}
 	p2.cmd.Process.Signal(syscall.SIGINT)
@@ -297,7 +301,7 @@ func TestRestartAfterSIGKILLKeepsFlushedData(t *testing.T) {
 	p.wait(t)
 
 	p2 := startTargetProc(t, targetArgs(dir)...)
-	if !strings.Contains(p2.banner, "previous shutdown clean: false") {
+	if !strings.Contains(p2.banner, banner.PreviousRun+target.PreviousRunUnclean.String()) {
 		t.Fatalf("restart after SIGKILL: %q", p2.banner)
 	}
 	_, n2, done2 := connectNS(t, p2.addr)

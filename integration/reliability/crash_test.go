@@ -15,8 +15,10 @@ import (
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/banner"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/target"
 )
 
 // A crash-test block: a header naming the block, its version and the run,
@@ -262,7 +264,7 @@ func TestCrashConsistency(t *testing.T) {
 		start := time.Now()
 		if round > 0 {
 			p = startTargetProc(t, args...)
-			if !strings.Contains(p.banner, "previous shutdown clean: false") {
+			if !strings.Contains(p.banner, banner.PreviousRun+target.PreviousRunUnclean.String()) {
 				t.Fatalf("round %d: restart after SIGKILL says %q", round, p.banner)
 			}
 		}

@@ -2,7 +2,7 @@
 // it serves: written by the target, read by its tests and by the bench that
 // start it, so that their format is defined once.
 //
-//	nprdma-target: serving <namespaces> over <provider> on <addr>, regions <mode>, previous shutdown clean: <bool>
+//	nprdma-target: serving <namespaces> over <provider> on <addr>, regions <mode>, previous run: <how it ended>
 //	nprdma-target: connect with: nprdma-initiator discover --target <addr>
 package banner
 
@@ -18,10 +18,14 @@ const (
 	Connect = "nprdma-target: connect with: nprdma-initiator discover --target "
 )
 
+// PreviousRun precedes, on the first line, how the previous run with the
+// same data directory ended.
+const PreviousRun = "previous run: "
+
 // Lines formats the two lines, each ending in a newline.
-func Lines(namespaces, provider, addr, regions string, previousClean bool) string {
-	return fmt.Sprintf("%s%s over %s on %s, regions %s, previous shutdown clean: %v\n%s%s\n",
-		Serving, namespaces, provider, addr, regions, previousClean, Connect, addr)
+func Lines(namespaces, provider, addr, regions, previousRun string) string {
+	return fmt.Sprintf("%s%s over %s on %s, regions %s, %s%s\n%s%s\n",
+		Serving, namespaces, provider, addr, regions, PreviousRun, previousRun, Connect, addr)
 }
 
 // IsServing reports whether line is (or contains) the first line.

@@ -8,7 +8,7 @@ import (
 )
 
 func TestLinesRoundTrip(t *testing.T) {
-	out := Lines("nqn.x/1 (4 GiB)", "tcp", "127.0.0.1:4420", "unpinned (NP-RDMA)", true)
+	out := Lines("nqn.x/1 (4 GiB)", "tcp", "127.0.0.1:4420", "unpinned (NP-RDMA)", "shut down cleanly")
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	if len(lines) != 2 {
 		t.Fatalf("want 2 lines, got %q", out)
@@ -37,9 +37,9 @@ func TestWatch(t *testing.T) {
 		t.Fatal("ready before the address line")
 	case <-time.After(10 * time.Millisecond):
 	}
-	io.WriteString(pw, Lines("ns", "tcp", "127.0.0.1:9", "unpinned", false))
+	io.WriteString(pw, Lines("ns", "tcp", "127.0.0.1:9", "unpinned", "shut down cleanly"))
 	<-w.Ready()
-	if w.Addr() != "127.0.0.1:9" || !strings.Contains(w.Banner(), "previous shutdown clean: false") {
+	if w.Addr() != "127.0.0.1:9" || !strings.Contains(w.Banner(), ", previous run: shut down cleanly") {
 		t.Fatalf("addr %q banner %q", w.Addr(), w.Banner())
 	}
 	io.WriteString(pw, "later\n")
