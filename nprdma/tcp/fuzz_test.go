@@ -178,15 +178,15 @@ func FuzzHandshake(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fr, n, parseErr := parseCM(data, frameConnect, frameAccept, frameReject)
-		if err := parseErr; err == nil {
+		if parseErr == nil {
 			if len(fr.privateData) > nprdma.MaxPrivateData {
 				t.Fatalf("accepted %d bytes of private data", len(fr.privateData))
 			}
 			if again := appendCM(nil, fr); !bytes.Equal(again, data[:n]) {
 				t.Fatalf("frame %+v re-encodes as %x, was %x", fr, again, data[:n])
 			}
-		} else if !errors.Is(err, errShort) && !errors.Is(err, errFrame) {
-			t.Fatalf("unexpected error %v", err)
+		} else if !errors.Is(parseErr, errShort) && !errors.Is(parseErr, errFrame) {
+			t.Fatalf("unexpected error %v", parseErr)
 		}
 		// The reader the handshake uses ends with a frame or an error, with
 		// the smallest read buffer a provider allows and with one too small
