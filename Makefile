@@ -5,6 +5,8 @@ GO        ?= go
 BIN       := bin
 # Packages with goroutines sharing state: tested under the race detector.
 RACE_PKGS  := ./blockdev/... ./swap/... ./nprdma/... ./nvme/... ./target/... ./initiator/... ./integration/... ./internal/...
+# Packages with allocation tests (TestHotPathAllocations, TestSlowPathAllocatesNothing).
+ALLOC_PKGS := ./nprdma/tcp ./integration/np/npread
 # The rest: benchmark code (its own quick tests) and the CLIs.
 OTHER_PKGS := ./bench/... ./cmd/...
 # Short fuzz runs in `make test`; `make fuzz FUZZTIME=10m` for a long run.
@@ -36,6 +38,8 @@ unit:
 	if [ -n "$$missing" ]; then echo "packages in neither RACE_PKGS nor OTHER_PKGS:"; echo "$$missing"; exit 1; fi
 	$(GO) test -race -count=1 -timeout 15m $(RACE_PKGS)
 	$(GO) test -count=1 -timeout 15m $(OTHER_PKGS)
+	@# The race detector allocates: the allocation tests skip under it and run here.
+	$(GO) test -count=1 -run 'Allocat' $(ALLOC_PKGS)
 
 # Every decoder of bytes from outside has a Fuzz target; each runs briefly.
 fuzz:

@@ -379,3 +379,37 @@ func TestNewServerRefusesPinnedRegion(t *testing.T) {
 		t.Fatalf("NewServer over a pinned region: %v", err)
 	}
 }
+
+// TestSlowPathAllocatesNothing: a slow-path read, request to response,
+// allocates nothing in the steady state on either provider (counted over
+// every goroutine, the server's included). Allocations there cost the slow
+// path about 1 µs on loop (docs/npbench.md §5).
+func TestSlowPathAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	for _, p := range providers {
+		t.Run(p.name, func(t *testing.T) {
+			f := newFixture(t, p.new(), p.listen, 8)
+			rq := f.dial(t)
+			ctx := context.Background()
+			off := int64(0)
+			read := func() {
+				got, _, err := rq.SlowRead(ctx, off, ps)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, f.pg.Bytes()[off:off+ps]) {
+					t.Fatalf("wrong bytes at %d", off)
+				}
+				off = (off + ps) % (8 * ps)
+			}
+			for range 300 { // every queue slot used once
+				read()
+			}
+			if a := testing.AllocsPerRun(200, read); a > 0.5 {
+				t.Fatalf("%.2f allocations per slow-path read", a)
+			}
+		})
+	}
+}

@@ -67,6 +67,7 @@ type Requester struct {
 	reqBuf  [RequestSize]byte
 	tag     uint64
 	ranges  []nprdma.PageRange // of the current Read
+	parts   []slowPart         // the slow path's requests, reused
 
 	reads, pages, hits, suspected, falsePos, slow, minor, major atomic.Uint64
 }
@@ -228,7 +229,7 @@ func (r *Requester) SlowRead(ctx context.Context, off int64, n int) ([]byte, Rea
 		return nil, info, err
 	}
 	addr := r.desc.Addr + uint64(off)
-	r.ranges = []nprdma.PageRange{{Off: 0, Addr: addr, Len: n}}
+	r.ranges = append(r.ranges[:0], nprdma.PageRange{Off: 0, Addr: addr, Len: n})
 	info.Pages = r.pagesTouched(addr, n)
 	if err := r.slowPath(ctx, &info); err != nil {
 		return nil, info, err
@@ -291,22 +292,26 @@ func (r *Requester) failed(what string, err error) error {
 	return fmt.Errorf("npread: %s: %w", what, err)
 }
 
+// slowPart is one slow-path request: n bytes of the region at addr into the
+// requester's buffer at off.
+type slowPart struct {
+	off  int
+	addr uint64
+	n    int
+}
+
 // slowPath asks the server for every range in r.ranges, at most depth at a
 // time, and waits for all the answers. Ranges longer than the server's
 // largest read are split.
 func (r *Requester) slowPath(ctx context.Context, info *ReadInfo) error {
-	type part struct {
-		off  int
-		addr uint64
-		n    int
-	}
-	var parts []part
+	parts := r.parts[:0]
 	maxRead := int(r.desc.MaxRead)
 	for _, pr := range r.ranges {
 		for o := 0; o < pr.Len; o += maxRead {
-			parts = append(parts, part{pr.Off + o, pr.Addr + uint64(o), min(maxRead, pr.Len-o)})
+			parts = append(parts, slowPart{pr.Off + o, pr.Addr + uint64(o), min(maxRead, pr.Len-o)})
 		}
 	}
+	r.parts = parts
 	firstTag := r.tag + 1
 	sent, answered := 0, 0
 	// A refused request stops further sending, but the answers to those

@@ -158,6 +158,8 @@ type conn struct {
 	recvMR  *nprdma.MR
 	stage   []byte
 	stageMR *nprdma.MR
+	wrs     [2]nprdma.SendWR // answer's WRITE and SEND, reused
+	sge     [1]nprdma.SGE    // the WRITE's gather list
 	ctx     context.Context
 	cancel  context.CancelFunc
 }
@@ -301,7 +303,9 @@ func (c *conn) serve() {
 		}
 		for !stageBusy && len(pending) > 0 {
 			q := pending[0]
-			pending = pending[1:]
+			// Shift rather than reslice, so the slice never creeps forward
+			// and reallocates (at most depth requests wait).
+			pending = pending[:copy(pending, pending[1:])]
 			if err := c.answer(q, resp[:0]); err != nil {
 				return
 			}
@@ -315,7 +319,7 @@ func (c *conn) serve() {
 func (c *conn) answer(q Request, resp []byte) error {
 	s := c.s
 	r := Response{Tag: q.Tag, Len: q.Len}
-	var wrs []nprdma.SendWR
+	wrs := c.wrs[:0]
 	switch {
 	case int(q.Len) > s.maxRead:
 		r.Status = StatusInvalid
@@ -338,8 +342,8 @@ func (c *conn) answer(q Request, resp []byte) error {
 			r.Status = StatusReadError
 			break
 		}
-		wrs = append(wrs, nprdma.SendWR{ID: q.Tag, Op: nprdma.OpWrite, SG: []nprdma.SGE{c.stageMR.SGE(0, int(q.Len))},
-			RemoteAddr: q.DestAddr, RKey: q.DestRKey})
+		c.sge[0] = c.stageMR.SGE(0, int(q.Len))
+		wrs = append(wrs, nprdma.SendWR{ID: q.Tag, Op: nprdma.OpWrite, SG: c.sge[:], RemoteAddr: q.DestAddr, RKey: q.DestRKey})
 	}
 	if r.Status != StatusOK {
 		s.errs.Add(1)

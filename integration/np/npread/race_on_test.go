@@ -1,0 +1,5 @@
+//go:build race
+
+package npread_test
+
+const raceEnabled = true
