@@ -74,6 +74,7 @@ var (
 	ErrOutOfRange = errors.New("range beyond the end of the device")
 	ErrReadOnly   = errors.New("device is read-only")
 	ErrTooSmall   = errors.New("device is smaller than required")
+	ErrInUse      = errors.New("device is in use")
 	ErrClosed     = errors.New("device is closed")
 	ErrInjected   = errors.New("injected fault")
 )

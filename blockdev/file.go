@@ -90,10 +90,12 @@ func WithReadOnly() Option { return func(o *options) { o.readOnly = true } }
 // WithoutDirectIO opens the device through the page cache (tests, tmpfs).
 func WithoutDirectIO() Option { return func(o *options) { o.noDirect = true } }
 
-// WithoutExclusive lets a writable block device be opened while another
-// program holds it exclusively (a mounted file system, another target).
-// By default Open claims writable block devices with O_EXCL, so that it
-// fails with EBUSY instead of overwriting a mounted file system.
+// WithoutExclusive lets a writable block device or file be opened while
+// another program holds it exclusively (a mounted file system, another
+// target). By default Open claims writable block devices with O_EXCL, so
+// that it fails with EBUSY instead of overwriting a mounted file system, and
+// writable files with an exclusive flock, so that it fails with ErrInUse
+// instead of serving a file another target serves.
 func WithoutExclusive() Option { return func(o *options) { o.notExclusive = true } }
 
 // WithMinSize makes Open fail with ErrTooSmall if the device holds fewer than
@@ -205,6 +207,18 @@ func Open(path string, opts ...Option) (*File, error) {
 			return closeAndFail(fmt.Errorf("%w: the kernel marks it read-only (BLKROGET); open it with WithReadOnly", ErrReadOnly))
 		}
 	} else {
+		// A writable file is claimed with an exclusive flock, as a writable
+		// block device is with O_EXCL: two targets (or two namespaces of
+		// one) serving the same file would each cache pages of it and
+		// overwrite each other's writes. The lock goes with the descriptor.
+		if !o.readOnly && !o.notExclusive {
+			if err := unix.Flock(d.fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+				if errors.Is(err, unix.EWOULDBLOCK) {
+					return closeAndFail(fmt.Errorf("%w (another target or namespace serves it: flock)", ErrInUse))
+				}
+				return closeAndFail(fmt.Errorf("flock: %w", err))
+			}
+		}
 		// Size from the open descriptor: the path may have changed since
 		// the Stat above.
 		fst, err := f.Stat()
@@ -273,7 +287,12 @@ func Create(path string, size int64) error {
 	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
 		return fail(fmt.Errorf("exists and is not a regular file (mode %v)", st.Mode()))
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	created := true
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		created = false
+		f, err = os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		return fail(unwrapPathError(err))
 	}
@@ -284,6 +303,11 @@ func Create(path string, size int64) error {
 	}
 	if st.Size() < size {
 		if err := f.Truncate(size); err != nil {
+			// A file this call created is removed again: left empty, it
+			// would make every later start fail as too small.
+			if created {
+				os.Remove(path)
+			}
 			return fail(unwrapPathError(err))
 		}
 	}

@@ -739,6 +739,26 @@ func TestCreate(t *testing.T) {
 		if err := Create(missing, PageSize); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), missing) {
 			t.Fatalf("Create in a missing directory: %v", err)
 		}
+		// Larger than the file system allows (EFBIG): the file it created is
+		// gone again, so a later Create of a sane size starts afresh; a file
+		// that was there before is kept.
+		huge := filepath.Join(dir, "huge")
+		if err := Create(huge, 1<<62); err == nil {
+			t.Skipf("%s holds a 4 EiB sparse file (tmpfs does): no way to make Create fail here", dir)
+		}
+		if _, err := os.Stat(huge); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("a failed Create left its file behind: %v", err)
+		}
+		kept := filepath.Join(dir, "kept")
+		if err := os.WriteFile(kept, []byte("data"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := Create(kept, 1<<62); err == nil {
+			t.Fatal("Create of 4 EiB succeeded on the second try")
+		}
+		if got, err := os.ReadFile(kept); err != nil || string(got) != "data" {
+			t.Fatalf("a failed Create changed an existing file: %q, %v", got, err)
+		}
 	})
 }
 
@@ -796,4 +816,33 @@ func TestWriteAtFUAFallback(t *testing.T) {
 	if n := dsyncCalls.Load(); n != 1 {
 		t.Fatalf("pwritev2(RWF_DSYNC) tried %d times, want once", n)
 	}
+}
+
+// TestWritableFileIsClaimedExclusively: a file opened writable is locked
+// (flock) until it is closed, so a second writable Open, in this process or
+// another, fails with ErrInUse and names the file; read-only opens and
+// WithoutExclusive are not refused.
+func TestWritableFileIsClaimedExclusively(t *testing.T) {
+	path := createTemp(t, 1<<20)
+	d, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(path)
+	if !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("second writable open: %v, want ErrInUse naming %s", err, path)
+	}
+	for _, opt := range []Option{WithReadOnly(), WithoutExclusive()} {
+		d2, err := Open(path, opt)
+		if err != nil {
+			t.Fatalf("open with %T while claimed: %v", opt, err)
+		}
+		d2.Close()
+	}
+	d.Close()
+	d3, err := Open(path)
+	if err != nil {
+		t.Fatalf("open after the claim's Close: %v", err)
+	}
+	d3.Close()
 }
