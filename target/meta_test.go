@@ -57,3 +57,40 @@ func TestMetaStorePersistsIdentityAndShutdownState(t *testing.T) {
 		t.Fatalf("subsystem = %+v ok=%v err=%v", s, ok, err)
 	}
 }
+
+// TestFailedStartKeepsPreviousRun: a target closed without ever accepting a
+// connection (a start that failed) leaves the record of how the previous run
+// ended as it was: a first or clean run reads as clean next time, a crash
+// still as a crash. A target that accepted one is not recorded as clean by
+// Close.
+func TestFailedStartKeepsPreviousRun(t *testing.T) {
+	dir := t.TempDir()
+	start := func(want PreviousRun) *Target {
+		t.Helper()
+		tg, err := New(WithDataDir(dir), WithLogger(slog.New(slog.DiscardHandler)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tg.PreviousRun(); got != want {
+			t.Fatalf("previous run %v, want %v", got, want)
+		}
+		return tg
+	}
+	tg := start(PreviousRunNone)
+	if _, err := tg.AddSubsystem(SubsystemConfig{NQN: "nqn.2026-11.io.nprdma:failed", AllowAnyHost: true}); err != nil {
+		t.Fatal(err)
+	}
+	tg.Close() // as the CLI does when a later step of its start fails
+	tg = start(PreviousRunClean)
+	// A crash: the process dies without closing anything.
+	tg.closeMeta()
+	tg.dev.Close()
+	tg = start(PreviousRunUnclean)
+	tg.Close()
+	tg = start(PreviousRunUnclean) // the failed start did not hide the crash
+	tg.Shutdown(t.Context())
+	tg = start(PreviousRunClean)
+	tg.accepted.Store(true) // served: Close without a drain is not clean
+	tg.Close()
+	start(PreviousRunUnclean).Close()
+}

@@ -141,7 +141,8 @@ type Target struct {
 	pool *nprdma.BufferPool
 	pins *pinnedArena // the baseline mode's pinned memory, else nil
 
-	prevRun PreviousRun
+	prevRun  PreviousRun
+	accepted atomic.Bool // a connection was accepted: this run may have changed data
 
 	mu        sync.Mutex
 	subs      map[string]*Subsystem
@@ -197,7 +198,7 @@ func New(opts ...Option) (*Target, error) {
 	t.dev = nprdma.NewDevice(cfg.provider, nprdma.WithName("target"), nprdma.WithPinning(pinned))
 	t.pd = t.dev.AllocPD()
 	fail := func(err error) (*Target, error) {
-		t.closeMeta()
+		t.closeMetaUnserved()
 		if t.pins != nil {
 			t.pins.release()
 		}
@@ -316,6 +317,7 @@ func (t *Target) acceptLoop(ctx context.Context) {
 			return
 		}
 		qc := &queueConn{t: t, q: q, admin: q.QID() == 0}
+		t.accepted.Store(true)
 		t.mu.Lock()
 		if t.closed || t.draining.Load() {
 			t.mu.Unlock()
@@ -382,14 +384,33 @@ func (t *Target) Shutdown(ctx context.Context) error {
 }
 
 // Close stops the target at once (no drain), still flushing the namespaces;
-// the shutdown is not recorded as clean.
+// the shutdown is not recorded as clean, unless the target never accepted a
+// connection (see closeMetaUnserved).
 func (t *Target) Close() error {
 	if !t.stopAccepting() {
 		return nil
 	}
-	err := t.close()
+	if err := t.close(); err != nil {
+		t.closeMeta()
+		return err
+	}
+	t.closeMetaUnserved()
+	return nil
+}
+
+// closeMetaUnserved closes the metadata store of a target that never
+// accepted a connection, leaving the previous run's record as it found it: a
+// run that served nothing changed no data, so a start that fails (a port in
+// use, a bad namespace) must not make the next start report a crash, nor
+// hide one. A clean or first previous run is recorded as a clean shutdown;
+// after a crash the marker stays absent.
+func (t *Target) closeMetaUnserved() {
+	if t.meta != nil && !t.accepted.Load() && t.prevRun != PreviousRunUnclean && t.prevRun != PreviousRunUnknown {
+		if err := t.meta.markClean(); err != nil {
+			t.log.Warn("target: recording the shutdown of a run that served nothing", "err", err)
+		}
+	}
 	t.closeMeta()
-	return err
 }
 
 // stopAccepting answers new commands with "aborted" from now on, closes the

@@ -45,10 +45,16 @@ func loadConfig(path string) (fileConfig, error) {
 	if err := dec.Decode(&c); err != nil {
 		return c, fmt.Errorf("config %s: %w", path, err)
 	}
+	if len(c.Subsystems) == 0 {
+		return c, fmt.Errorf("config %s: no subsystem (a target with nothing to serve)", path)
+	}
 	for i := range c.Subsystems {
 		s := &c.Subsystems[i]
 		if s.NQN == "" {
 			return c, fmt.Errorf("config %s: subsystem %d has no nqn", path, i)
+		}
+		if len(s.Namespaces) == 0 {
+			return c, fmt.Errorf("config %s: subsystem %s has no namespace", path, s.NQN)
 		}
 		for j := range s.Namespaces {
 			ns := &s.Namespaces[j]

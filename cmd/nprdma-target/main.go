@@ -26,17 +26,20 @@ const DefaultNQN = "nqn.2024-01.io.nprdma:default"
 
 func newApp() *cli.App {
 	return &cli.App{
-		Name:  "nprdma-target",
-		Usage: "serve block devices or files as NVMe namespaces read one-sidedly over the nprdma fabric",
+		// --backing takes PATH,nsid=N,budget=SIZE: a comma must not split it.
+		DisableSliceFlagSeparator: true,
+		Name:                      "nprdma-target",
+		Usage:                     "serve block devices or files as NVMe namespaces read one-sidedly over the nprdma fabric",
 		Description: "Each namespace is kept in a memory region registered for remote reads WITHOUT pinning, as large\n" +
 			"as the namespace; at most --memory of it is resident in DRAM, the rest lives on the backing device.\n" +
 			"Hosts read with one-sided RDMA READs and fall back to NVMe Read commands for pages that are not\n" +
 			"resident. Without --backing or --config a sparse file of --default-size is created under --data-dir.\n" +
-			"SIGTERM or SIGINT: stop accepting, drain the commands in flight, flush every namespace, exit 0.",
+			"SIGTERM or SIGINT: stop accepting, drain the commands in flight, flush every namespace, exit 0\n" +
+			"(another SIGTERM or SIGINT during the flush is logged and ignored; SIGKILL stops at once).",
 		Flags: append([]cli.Flag{
 			&cli.StringSliceFlag{Name: "backing", Usage: "a block device or file to serve, as PATH[,nsid=N][,budget=SIZE] (repeatable: one namespace each, in the subsystem --nqn; budget overrides this namespace's share of --memory)"},
 			&cli.StringFlag{Name: "config", Usage: "JSON file describing several subsystems and namespaces (see docs/target.md); used instead of --backing/--nqn/--allow-host"},
-			&cli.StringFlag{Name: "memory", Value: "1GiB", Usage: "DRAM budget for all namespaces together (units KiB, MiB, GiB, TiB); namespaces without their own budget share it in proportion to their sizes"},
+			&cli.StringFlag{Name: "memory", Value: "1GiB", Usage: "DRAM budget for all namespaces together, at least 1MiB (units KiB, MiB, GiB, TiB); namespaces without their own budget share it in proportion to their sizes"},
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:4420", Usage: "address to accept connections on (tcp: host:port; loop: a name)"},
 			&cli.StringFlag{Name: "nqn", Value: DefaultNQN, Usage: "NQN of the subsystem that holds the --backing namespaces"},
 			&cli.StringSliceFlag{Name: "allow-host", Usage: "host NQN allowed to connect to the subsystem (repeatable; hosts not listed are refused)"},

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/initiator"
 	"github.com/nprdma/nprdma/internal/banner"
 	"github.com/nprdma/nprdma/nprdma"
@@ -67,7 +69,7 @@ func TestParseSize(t *testing.T) {
 			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "GiB", "-1MiB", "12XB", "1e30GiB"} {
+	for _, bad := range []string{"", "GiB", "-1MiB", "12XB", "1e30GiB", "NaN", "NaNGiB", "Inf", "+Inf", "0x1p30", "1e3", "1..2"} {
 		if _, err := parseSize(bad); err == nil {
 			t.Errorf("parseSize(%q) accepted", bad)
 		}
@@ -117,6 +119,16 @@ func TestLoadConfig(t *testing.T) {
 	os.WriteFile(bad, []byte(`{"subsystems":[],"color":1}`), 0o644)
 	if _, err := loadConfig(bad); err == nil {
 		t.Fatal("unknown field accepted")
+	}
+	for json, want := range map[string]string{
+		`{"subsystems":[]}`: "no subsystem",
+		`{}`:                "no subsystem",
+		`{"subsystems":[{"nqn":"x","namespaces":[]}]}`: "subsystem x has no namespace",
+	} {
+		os.WriteFile(bad, []byte(json), 0o644)
+		if _, err := loadConfig(bad); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("config %s: %v, want %q", json, err, want)
+		}
 	}
 }
 
@@ -272,6 +284,163 @@ func TestSIGTERMDrainsFlushesAndExitsZero(t *testing.T) {
 	if code := p2.wait(t); code != 0 {
 		t.Fatalf("exit code %d after SIGINT", code)
 	}
+}
+
+// TestBackingOptionsOnTheCommandLine: --backing PATH,nsid=N,budget=SIZE
+// reaches the target whole (the CLI library must not split it at the
+// commas), and two --backing flags give two namespaces.
+func TestBackingOptionsOnTheCommandLine(t *testing.T) {
+	dir := t.TempDir()
+	makeBacking(t, dir, 16<<20)
+	other := filepath.Join(dir, "other.img")
+	if err := blockdev.Create(other, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	disk := filepath.Join(dir, "disk.img")
+	p := startTargetProc(t, "--backing", disk+",nsid=3,budget=2MiB", "--backing", other+",nsid=5", "--memory", "6MiB",
+		"--listen", "127.0.0.1:0", "--nqn", testNQN, "--allow-any-host", "--data-dir", filepath.Join(dir, "data"), "--log-level", "warn")
+	for _, want := range []string{"ns 3 = " + disk + " (16.0 MiB, DRAM 2.0 MiB)", "ns 5 = " + other + " (8.0 MiB, DRAM 4.0 MiB)"} {
+		if !strings.Contains(p.banner, want) {
+			t.Errorf("banner lacks %q:\n%s", want, p.banner)
+		}
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+}
+
+// runTargetFails runs the command, which must exit 1 before serving, and
+// returns what it printed.
+func runTargetFails(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("%v: exit %v, want 1:\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// TestStartFailuresAreClearAndLeaveNoTrace: a backing served twice (in one
+// target, or by a target already running) is refused with a clear error
+// instead of two caches of one file overwriting each other; a start that
+// fails (here: the listen address in use) does not make the next start
+// report a crash.
+func TestStartFailuresAreClearAndLeaveNoTrace(t *testing.T) {
+	dir := t.TempDir()
+	makeBacking(t, dir, 16<<20)
+	disk := filepath.Join(dir, "disk.img")
+	data := filepath.Join(dir, "data")
+	common := []string{"--listen", "127.0.0.1:0", "--nqn", testNQN, "--allow-any-host", "--data-dir", data, "--log-level", "warn"}
+	out := runTargetFails(t, append([]string{"--backing", disk, "--backing", disk + ",nsid=2"}, common...)...)
+	if !strings.Contains(out, "backing "+disk) || !strings.Contains(out, "in use") {
+		t.Fatalf("the same backing twice:\n%s", out)
+	}
+	p := startTargetProc(t, targetArgs(dir)...)
+	out = runTargetFails(t, append([]string{"--backing", disk}, common...)...)
+	if !strings.Contains(out, "in use") {
+		t.Fatalf("a backing another target serves:\n%s", out)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	// The listen address in use: the start fails after the metadata store
+	// was opened; the next start still reads the shutdown before it as clean.
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	args := targetArgs(dir)
+	for i := range args {
+		if args[i] == "127.0.0.1:0" {
+			args[i] = busy.Addr().String()
+		}
+	}
+	runTargetFails(t, args...)
+	p2 := startTargetProc(t, targetArgs(dir)...)
+	if !strings.Contains(p2.banner, banner.PreviousRun+target.PreviousRunClean.String()) {
+		t.Fatalf("after a failed start: %q", p2.banner)
+	}
+	p2.cmd.Process.Signal(syscall.SIGTERM)
+	p2.wait(t)
+}
+
+// TestBadSizesNameTheirFlag: a size or duration that cannot be meant is
+// refused, and the error names the flag.
+func TestBadSizesNameTheirFlag(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ args []string }{
+		{[]string{"--memory", "0"}},
+		{[]string{"--memory", "10"}},
+		{[]string{"--memory", "NaN"}},
+		{[]string{"--default-size", "1000"}},
+		{[]string{"--default-size", "NaN"}},
+		{[]string{"--busy-poll", "-1s"}},
+		{[]string{"--shutdown-timeout", "-1s"}},
+		{[]string{"--gomaxprocs", "-2"}},
+	} {
+		args := append([]string{"--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--log-level", "warn"}, c.args...)
+		out := runTargetFails(t, args...)
+		if !strings.Contains(out, c.args[0]) {
+			t.Errorf("%v: the error does not name the flag:\n%s", c.args, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data", "default.img")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a refused --default-size left a default backing file: %v", err)
+	}
+}
+
+// TestSecondSignalDuringFlushIsIgnored: a second SIGINT or SIGTERM arriving
+// while the target flushes (a double Ctrl-C, or timeout(1) signalling the
+// process and its group) is logged and does not cut the flush short: exit 0,
+// every acknowledged write on the backing file, a clean shutdown recorded.
+func TestSecondSignalDuringFlushIsIgnored(t *testing.T) {
+	dir := t.TempDir()
+	const size = 64 << 20
+	makeBacking(t, dir, size)
+	args := append(targetArgs(dir), "--memory", "64MiB", "--log-level", "info")
+	p := startTargetProc(t, args...)
+	_, n, done := connectNS(t, p.addr)
+	data := make([]byte, 48<<20) // unflushed, all resident: the shutdown's flush writes it
+	fill(data, 0, 3)
+	for off := 0; off < len(data); off += 1 << 20 {
+		if _, err := n.WriteAt(data[off:off+1<<20], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.output(), "shutting down: draining and flushing") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no shutdown log line:\n%s", p.output())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p.cmd.Process.Signal(syscall.SIGINT)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	code := p.wait(t)
+	done()
+	if code != 0 {
+		t.Fatalf("exit code %d after a second signal during the flush:\n%s", code, p.output())
+	}
+	f, err := os.ReadFile(filepath.Join(dir, "disk.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(f[:len(data)], data) {
+		t.Fatal("writes acknowledged before the signals are not on the backing file")
+	}
+	p2 := startTargetProc(t, targetArgs(dir)...)
+	if !strings.Contains(p2.banner, banner.PreviousRun+target.PreviousRunClean.String()) {
+		t.Fatalf("restart: %q", p2.banner)
+	}
+	p2.cmd.Process.Signal(syscall.SIGTERM)
+	p2.wait(t)
 }
 
 // TestRestartAfterSIGKILLKeepsFlushedData: everything flushed before a

@@ -33,11 +33,23 @@ import (
 // more Ps than CPUs cost nothing while they are idle.
 const defaultGOMAXPROCS = 32
 
+// minMemory is the smallest --memory accepted: less is a typo (a missing
+// unit), not a cache.
+const minMemory = 1 << 20
+
 func serve(cc *cli.Context) error {
 	// Catch the signals before anything is served: a SIGTERM that arrives
 	// during start-up must still end in a clean shutdown.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if n := cc.Int("gomaxprocs"); n < 0 {
+		return fmt.Errorf("--gomaxprocs %d: negative (0 keeps the runtime's default)", n)
+	}
+	for _, name := range []string{"busy-poll", "max-keep-alive", "shutdown-timeout"} {
+		if d := cc.Duration(name); d < 0 {
+			return fmt.Errorf("--%s %v: negative", name, d)
+		}
+	}
 	if n := cc.Int("gomaxprocs"); n > 0 {
 		runtime.GOMAXPROCS(n)
 	}
@@ -57,6 +69,9 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("--memory: %w", err)
 	}
+	if memory < minMemory {
+		return fmt.Errorf("--memory %s: at least %s (the DRAM all namespaces may use together)", cc.String("memory"), formatSize(minMemory))
+	}
 	subs, err := subsystemsFromFlags(cc)
 	if err != nil {
 		return err
@@ -75,11 +90,17 @@ func serve(cc *cli.Context) error {
 			return fmt.Errorf("--default-size: %w", err)
 		}
 		path := filepath.Join(dataDir, "default.img")
-		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		st, err := os.Stat(path)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
 			if err := blockdev.Create(path, size); err != nil {
-				return err
+				return fmt.Errorf("--default-size: %w", err)
 			}
 			log.Info("created the default backing file", "path", path, "size", formatSize(size))
+		case err == nil && st.Size() != size && cc.IsSet("default-size"):
+			// Its data is the namespace: never resized behind the user's back.
+			log.Warn("the default backing file exists: serving it at its own size, --default-size ignored",
+				"path", path, "size", formatSize(st.Size()), "default-size", formatSize(size))
 		}
 		subs = []subsystemSpec{{NQN: cc.String("nqn"), AllowHosts: cc.StringSlice("allow-host"),
 			AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: []namespaceSpec{{NSID: 1, Backing: path}}}}
@@ -123,6 +144,10 @@ func serve(cc *cli.Context) error {
 			if err != nil {
 				closeAll()
 				return fmt.Errorf("backing %s: %w", ns.Backing, err)
+			}
+			if st, err := os.Stat(ns.Backing); err == nil && st.Mode().IsRegular() && st.Size() > dev.Size() {
+				log.Warn("backing file size is not a whole number of 4 KiB pages: its tail is not served",
+					"path", ns.Backing, "size", st.Size(), "served", dev.Size())
 			}
 			devs = append(devs, opened{i, ns, dev})
 		}
@@ -200,11 +225,27 @@ func serve(cc *cli.Context) error {
 	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), prov.Name(), tg.Addr(), mode, tg.PreviousRun().String()))
 
 	<-ctx.Done()
+	// Keep catching SIGTERM and SIGINT until the flush is done: a second one
+	// (a double Ctrl-C, or a supervisor such as timeout(1) that signals the
+	// process and its group) must not kill the target halfway through its
+	// flush. The flush is bounded by --shutdown-timeout; SIGKILL still stops
+	// at once.
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, syscall.SIGTERM, syscall.SIGINT)
+	defer func() {
+		signal.Stop(again) // no send after it returns, so the close is safe
+		close(again)
+	}()
 	stop()
 	timeout := cc.Duration("shutdown-timeout")
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
+	go func() {
+		for sig := range again {
+			log.Warn("already shutting down: flushing first (SIGKILL stops at once, keeping only flushed writes)", "signal", sig.String())
+		}
+	}()
 	log.Info("shutting down: draining and flushing", "timeout", timeout)
 	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()

@@ -27,9 +27,12 @@ func parseSize(s string) (int64, error) {
 			break
 		}
 	}
+	// Decimal digits and a point only: ParseFloat alone would also take
+	// "NaN", "Inf" and hex floats.
+	plain := t != "" && strings.Trim(t, "0123456789.") == ""
 	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || v < 0 {
-		return 0, fmt.Errorf("size %q: want a number with an optional unit (KiB, MiB, GiB, TiB)", s)
+	if !plain || err != nil || v < 0 {
+		return 0, fmt.Errorf("size %q: want a number with an optional unit (KiB, MiB, GiB, TiB; K, M, G, T; KB, MB, GB, TB)", s)
 	}
 	n := v * float64(mult)
 	if n > 1<<62 {
