@@ -329,6 +329,15 @@ func TestHostNotAllowedIsRefusedAtConnect(t *testing.T) {
 			if got := r.tg.Controllers(); got != 0 {
 				t.Fatalf("%d controllers after a refused connect", got)
 			}
+			// A subsystem the target does not serve: the error says so
+			// (decoded from the field the target blamed), not just "invalid
+			// parameters".
+			const unknown = "nqn.2026-11.io.nprdma:no-such-subsystem"
+			_, err = Connect(ctx, r.dev, r.tg.Addr(), unknown, WithLogger(quiet), WithHostNQN(allowed),
+				WithStateFile(filepath.Join(t.TempDir(), "hostid")))
+			if !errors.Is(err, nvme.StatusConnectInvalidParameters) || !strings.Contains(err.Error(), "does not serve subsystem "+unknown) {
+				t.Fatalf("connect to an unknown subsystem: %v", err)
+			}
 			// The allowed host gets in; its discovery log lists the
 			// subsystem, the refused host's lists nothing.
 			c := r.connect(t, WithHostNQN(allowed))

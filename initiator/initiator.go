@@ -356,6 +356,13 @@ func connectQueue(ctx context.Context, q *fabric.HostQueue, subNQN, hostNQN stri
 		if errors.Is(err, nvme.StatusConnectInvalidHost) {
 			return fmt.Errorf("%w: %s may not access %s: %w", ErrHostNotAllowed, hostNQN, subNQN, err)
 		}
+		var se *nvme.StatusError
+		if errors.As(err, &se) && errors.Is(err, nvme.StatusConnectInvalidParameters) {
+			// The completion says which field it refused (IATTR/IPO).
+			if p := nvme.DecodeInvalidParameter(se.Result); p.InData && p.Offset == nvme.ConnectDataOffsetSubNQN {
+				return fmt.Errorf("initiator: the target does not serve subsystem %s (a Discover lists those it does): %w", subNQN, err)
+			}
+		}
 		return fmt.Errorf("initiator: connect queue %d to %s: %w", q.QID(), subNQN, err)
 	}
 	if gotCNTLID != nil {

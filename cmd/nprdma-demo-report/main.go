@@ -36,6 +36,9 @@ func run(args []string, out io.Writer) error {
 		return fmt.Errorf("%s", usage)
 	}
 	switch cmd, rest := args[0], args[1:]; {
+	case len(args) == 1 && (cmd == "-h" || cmd == "--help" || cmd == "help"):
+		fmt.Fprintln(out, usage)
+		return nil
 	case cmd == "scrape" && len(rest) == 2:
 		return scrape(rest[0], rest[1])
 	case cmd == "rss" && len(rest) == 2:

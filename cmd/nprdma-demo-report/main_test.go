@@ -214,4 +214,8 @@ func TestScrapeAndRSS(t *testing.T) {
 	if err := run([]string{"summary"}, nil); err == nil || !strings.Contains(err.Error(), "usage") {
 		t.Errorf("bad arguments: %v", err)
 	}
+	var help strings.Builder
+	if err := run([]string{"--help"}, &help); err != nil || !strings.HasPrefix(help.String(), "usage:") {
+		t.Errorf("--help: %q, %v", help.String(), err)
+	}
 }

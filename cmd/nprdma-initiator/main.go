@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/nprdma/nprdma/initiator"
 	"github.com/nprdma/nprdma/nprdma"
@@ -34,6 +35,15 @@ func newApp() *cli.App {
 		},
 		Commands:        []*cli.Command{discoverCommand(), attachCommand(), listCommand(), detachCommand(), hostnqnCommand()},
 		HideHelpCommand: true,
+		// The library's default says "No help topic" and exits 3.
+		CommandNotFound: func(cc *cli.Context, name string) {
+			var names []string
+			for _, c := range cc.App.Commands {
+				names = append(names, c.Name)
+			}
+			fmt.Fprintf(cc.App.ErrWriter, "nprdma-initiator: unknown command %q (commands: %s; --help for more)\n", name, strings.Join(names, ", "))
+			cli.OsExiter(2)
+		},
 	}
 }
 

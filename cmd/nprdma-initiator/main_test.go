@@ -47,6 +47,21 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	}
 }
 
+// TestUnknownCommandIsAUsageError: a mistyped command names itself and the
+// commands there are, and exits 2 (not the library's "No help topic", exit 3).
+func TestUnknownCommandIsAUsageError(t *testing.T) {
+	a := newApp()
+	var errOut bytes.Buffer
+	a.ErrWriter = &errOut
+	code := -1
+	defer func(old func(int)) { cli.OsExiter = old }(cli.OsExiter)
+	cli.OsExiter = func(c int) { code = c }
+	a.Run([]string{"nprdma-initiator", "atach"})
+	if code != 2 || !strings.Contains(errOut.String(), `unknown command "atach"`) || !strings.Contains(errOut.String(), "attach") {
+		t.Fatalf("exit %d, said %q", code, errOut.String())
+	}
+}
+
 const subA, subB = "nqn.2024-01.io.nprdma:a", "nqn.2024-01.io.nprdma:b"
 
 // startTarget serves two subsystems: a (two namespaces, this host allowed)

@@ -47,6 +47,19 @@ func ListenUnix(path string) (*net.UnixListener, error) {
 // "[::1]:0", "localhost:10809"). NBD has no authentication here, so other
 // addresses are refused.
 func ListenTCP(addr string) (*net.TCPListener, error) {
+	// Refuse before binding: a listener on all interfaces must not exist
+	// even for a moment, and the error should name the address as given.
+	ta, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("nbd: %w", err)
+	}
+	if !ta.IP.IsLoopback() {
+		what := ta.IP.String()
+		if ta.IP == nil || ta.IP.IsUnspecified() {
+			what = "the address for all interfaces"
+		}
+		return nil, fmt.Errorf("nbd: listen on %s: %s is not a loopback address; NBD has no authentication", addr, what)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("nbd: %w", err)

@@ -677,9 +677,15 @@ func TestListenUnix(t *testing.T) {
 }
 
 func TestListenTCPIsLoopbackOnly(t *testing.T) {
-	if ln, err := ListenTCP("0.0.0.0:0"); err == nil {
-		ln.Close()
-		t.Fatal("listening on all interfaces was allowed")
+	for _, addr := range []string{"0.0.0.0:0", ":0", "[::]:0"} {
+		ln, err := ListenTCP(addr)
+		if err == nil {
+			ln.Close()
+			t.Fatalf("listening on all interfaces (%s) was allowed", addr)
+		}
+		if !strings.Contains(err.Error(), "listen on "+addr+": the address for all interfaces is not a loopback address") {
+			t.Errorf("ListenTCP(%s): %v", addr, err)
+		}
 	}
 	ln, err := ListenTCP("127.0.0.1:0")
 	if err != nil {
