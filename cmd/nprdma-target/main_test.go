@@ -362,12 +362,21 @@ func TestStartFailuresAreClearAndLeaveNoTrace(t *testing.T) {
 		}
 	}
 	runTargetFails(t, args...)
-	p2 := startTargetProc(t, targetArgs(dir)...)
-	if !strings.Contains(p2.banner, banner.PreviousRun+target.PreviousRunClean.String()) {
-		t.Fatalf("after a failed start: %q", p2.banner)
+	restartReports(t, dir, target.PreviousRunClean, "after a failed start")
+}
+
+// restartReports starts the target on dir again, checks that its banner
+// reports the previous run as want, and stops it.
+func restartReports(t *testing.T, dir string, want target.PreviousRun, what string) {
+	t.Helper()
+	p := startTargetProc(t, targetArgs(dir)...)
+	if !strings.Contains(p.banner, banner.PreviousRun+want.String()) {
+		t.Fatalf("%s: %q", what, p.banner)
 	}
-	p2.cmd.Process.Signal(syscall.SIGTERM)
-	p2.wait(t)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("%s: exit code %d after SIGTERM", what, code)
+	}
 }
 
 // TestBadSizesNameTheirFlag: a size or duration that cannot be meant is
@@ -435,12 +444,7 @@ func TestSecondSignalDuringFlushIsIgnored(t *testing.T) {
 	if !bytes.Equal(f[:len(data)], data) {
 		t.Fatal("writes acknowledged before the signals are not on the backing file")
 	}
-	p2 := startTargetProc(t, targetArgs(dir)...)
-	if !strings.Contains(p2.banner, banner.PreviousRun+target.PreviousRunClean.String()) {
-		t.Fatalf("restart: %q", p2.banner)
-	}
-	p2.cmd.Process.Signal(syscall.SIGTERM)
-	p2.wait(t)
+	restartReports(t, dir, target.PreviousRunClean, "restart")
 }
 
 // TestRestartAfterSIGKILLKeepsFlushedData: everything flushed before a
