@@ -56,6 +56,9 @@ func loadConfig(path string) (fileConfig, error) {
 		if len(s.Namespaces) == 0 {
 			return c, fmt.Errorf("config %s: subsystem %s has no namespace", path, s.NQN)
 		}
+		if s.AllowAnyHost && len(s.AllowHosts) > 0 {
+			return c, fmt.Errorf("config %s: subsystem %s: allow_hosts and allow_any_host exclude each other", path, s.NQN)
+		}
 		for j := range s.Namespaces {
 			ns := &s.Namespaces[j]
 			if ns.Backing == "" {

@@ -123,7 +123,8 @@ func TestLoadConfig(t *testing.T) {
 	for json, want := range map[string]string{
 		`{"subsystems":[]}`: "no subsystem",
 		`{}`:                "no subsystem",
-		`{"subsystems":[{"nqn":"x","namespaces":[]}]}`: "subsystem x has no namespace",
+		`{"subsystems":[{"nqn":"x","namespaces":[]}]}`:                                                           "subsystem x has no namespace",
+		`{"subsystems":[{"nqn":"x","allow_hosts":["h"],"allow_any_host":true,"namespaces":[{"backing":"/a"}]}]}`: "exclude each other",
 	} {
 		os.WriteFile(bad, []byte(json), 0o644)
 		if _, err := loadConfig(bad); err == nil || !strings.Contains(err.Error(), want) {
@@ -379,9 +380,9 @@ func restartReports(t *testing.T, dir string, want target.PreviousRun, what stri
 	}
 }
 
-// TestBadSizesNameTheirFlag: a size or duration that cannot be meant is
-// refused, and the error names the flag.
-func TestBadSizesNameTheirFlag(t *testing.T) {
+// TestBadFlagsNameTheirFlag: a size, duration or flag combination that
+// cannot be meant is refused, and the error names the flag.
+func TestBadFlagsNameTheirFlag(t *testing.T) {
 	dir := t.TempDir()
 	for _, c := range []struct{ args []string }{
 		{[]string{"--memory", "0"}},
@@ -392,6 +393,7 @@ func TestBadSizesNameTheirFlag(t *testing.T) {
 		{[]string{"--busy-poll", "-1s"}},
 		{[]string{"--shutdown-timeout", "-1s"}},
 		{[]string{"--gomaxprocs", "-2"}},
+		{[]string{"--allow-host", "nqn.2014-08.org.nvmexpress:uuid:1", "--allow-any-host"}},
 	} {
 		args := append([]string{"--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--log-level", "warn"}, c.args...)
 		out := runTargetFails(t, args...)

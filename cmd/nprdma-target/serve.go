@@ -76,6 +76,9 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if cc.Bool("allow-any-host") && len(cc.StringSlice("allow-host")) > 0 {
+		return fmt.Errorf("--allow-host and --allow-any-host exclude each other: with both, any host would get in")
+	}
 	if err := lims.checkNamespaces(subs); err != nil {
 		return err
 	}
