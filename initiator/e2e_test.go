@@ -632,6 +632,54 @@ func TestReconnectAfterTargetRestart(t *testing.T) {
 	}
 }
 
+// TestNamespaceChangedAcrossRestart: a target restarted on the same address
+// with another backing (another size and NGUID under the same NSID) is
+// detected at the first I/O after the reconnect: the read fails with
+// ErrNamespaceChanged at once, for good, and returns none of the other
+// disk's data; before, a READ past the smaller region's end failed the queue
+// pair and the reconnect retried it for ever.
+func TestNamespaceChangedAcrossRestart(t *testing.T) {
+	dir := t.TempDir()
+	spec := targetSpec{dir: dir, size: 16 << 20, allowAny: true, prov: tcp.New(), listen: "127.0.0.1:0"}
+	tg := startTarget(t, spec)
+	addr := tg.Addr()
+	dev := nprdma.NewDevice(tcp.New(), nprdma.WithPinning(false))
+	defer dev.Close()
+	ctx := context.Background()
+	c, err := Connect(ctx, dev, addr, testSubNQN, WithLogger(quiet), WithIOQueues(1),
+		WithStateFile(filepath.Join(dir, "hostid")), WithControllerLossTimeout(20*time.Second),
+		WithQPTimeout(2*time.Second), WithReconnectDelay(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	n := namespace(t, c)
+	if err := tg.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other := targetSpec{dir: t.TempDir(), size: 8 << 20, allowAny: true, prov: tcp.New(), listen: addr}
+	tg2 := startTarget(t, other)
+	defer tg2.Close()
+	start := time.Now()
+	_, err = n.ReadAt(make([]byte, 4*BlockSize), 12<<20) // beyond the new namespace's end
+	if !errors.Is(err, ErrNamespaceChanged) {
+		t.Fatalf("read after the restart on another backing: %v, want ErrNamespaceChanged", err)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("ErrNamespaceChanged took %v", el)
+	}
+	if _, err := n.ReadAt(make([]byte, BlockSize), 0); !errors.Is(err, ErrNamespaceChanged) {
+		t.Fatalf("read inside both namespaces afterwards: %v, want ErrNamespaceChanged", err)
+	}
+	if _, err := n.WriteAt(make([]byte, BlockSize), 0); !errors.Is(err, ErrNamespaceChanged) {
+		t.Fatalf("write afterwards: %v, want ErrNamespaceChanged", err)
+	}
+	if r := c.Stats().Reconnects; r < 1 || r > 3 {
+		t.Fatalf("%d reconnects, want 1 (no reconnect storm)", r)
+	}
+	// The same namespace after a restart is accepted (TestReconnectAfterTargetRestart).
+}
+
 // TestPinnedBaseline serves a namespace in the pinned baseline mode with a
 // pinned budget it fits in: the region descriptor says pages are always
 // there, every read is one-sided with no magic scan, and data round-trips.

@@ -35,6 +35,10 @@ var (
 	ErrHostNotAllowed = errors.New("initiator: host not allowed by the target")
 	// ErrClosed: the controller was closed.
 	ErrClosed = errors.New("initiator: controller closed")
+	// ErrNamespaceChanged: after a reconnect the target serves another
+	// namespace (another size or NGUID) under the NSID; the Namespace fails
+	// for good.
+	ErrNamespaceChanged = errors.New("initiator: namespace changed on the target")
 )
 
 // Defaults.
@@ -192,8 +196,9 @@ type session struct {
 	failOnce sync.Once
 	failed   chan struct{}
 
-	mu      sync.Mutex
-	regions map[uint32]*regionInfo
+	mu         sync.Mutex
+	regions    map[uint32]*regionInfo
+	identified map[uint32]bool // namespaces checked against their first identity in this session
 }
 
 // regionInfo is a namespace's region descriptor in one session (nil
@@ -378,7 +383,7 @@ func (c *Controller) connectAdmin(ctx context.Context, subNQN string, kato time.
 	if err != nil {
 		return nil, err
 	}
-	s := &session{c: c, admin: q, failed: make(chan struct{}), regions: map[uint32]*regionInfo{}}
+	s := &session{c: c, admin: q, failed: make(chan struct{}), regions: map[uint32]*regionInfo{}, identified: map[uint32]bool{}}
 	if err := connectQueue(ctx, q, subNQN, c.cfg.hostNQN, c.cfg.hostID, nvme.DynamicControllerID, kato, &s.cntlid); err != nil {
 		q.Close()
 		return nil, err
@@ -577,7 +582,8 @@ func (c *Controller) reconnect(old *session) {
 		cancel()
 		if err == nil {
 			c.ctr.reconnects.Add(1)
-			c.cfg.log.Info("initiator: controller reconnected", "subsystem", c.subNQN, "addr", c.addr, "cntlid", s.cntlid, "attempt", attempt)
+			// Warn, as the loss was: a log kept at warn shows the recovery too.
+			c.cfg.log.Warn("initiator: controller reconnected", "subsystem", c.subNQN, "addr", c.addr, "cntlid", s.cntlid, "attempt", attempt)
 			c.mu.Lock()
 			closed := c.closed
 			c.mu.Unlock()

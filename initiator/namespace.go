@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/nprdma/nprdma/initiator/blockio"
@@ -24,6 +25,8 @@ type Namespace struct {
 	blocks uint64
 	nguid  [16]byte
 	uuid   nvme.UUID
+
+	changed atomic.Pointer[error] // set for good once the target serves another namespace under nsid
 }
 
 var _ blockio.Backend = (*Namespace)(nil)
@@ -32,25 +35,12 @@ var _ blockio.Backend = (*Namespace)(nil)
 func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, error) {
 	n := &Namespace{c: c, nsid: nsid}
 	err := c.do(ctx, func(s *session) error {
-		buf := make([]byte, nvme.IdentifySize)
-		if _, err := s.admin.Submit(ctx, nvme.IdentifyCommand(nvme.CNSNamespace, nsid, nvme.NullSGL()), buf); err != nil {
-			return fmt.Errorf("initiator: identify namespace %d of %s: %w", nsid, c.subNQN, err)
-		}
-		var id nvme.IdentifyNamespace
-		if err := id.Unmarshal(buf); err != nil {
-			return err
-		}
-		if id.NSZE == 0 {
-			return fmt.Errorf("initiator: namespace %d of %s is not active", nsid, c.subNQN)
-		}
-		bs, err := id.BlockSize()
+		id, err := s.identifyNamespace(ctx, nsid)
 		if err != nil {
 			return err
 		}
-		if bs != BlockSize {
-			return fmt.Errorf("initiator: namespace %d of %s has %d-byte blocks; only %d is supported", nsid, c.subNQN, bs, BlockSize)
-		}
 		n.blocks, n.nguid = id.NSZE, id.NGUID
+		s.markIdentified(nsid)
 		ids := make([]byte, nvme.IdentifySize)
 		if _, err := s.admin.Submit(ctx, nvme.IdentifyCommand(nvme.CNSNamespaceDescriptors, nsid, nvme.NullSGL()), ids); err == nil {
 			var d nvme.NamespaceIDs
@@ -65,6 +55,76 @@ func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, er
 		return nil, err
 	}
 	return n, nil
+}
+
+// identifyNamespace reads Identify Namespace for nsid in session s and
+// checks that it is active with 4 KiB blocks.
+func (s *session) identifyNamespace(ctx context.Context, nsid uint32) (nvme.IdentifyNamespace, error) {
+	var id nvme.IdentifyNamespace
+	buf := make([]byte, nvme.IdentifySize)
+	if _, err := s.admin.Submit(ctx, nvme.IdentifyCommand(nvme.CNSNamespace, nsid, nvme.NullSGL()), buf); err != nil {
+		return id, fmt.Errorf("initiator: identify namespace %d of %s: %w", nsid, s.c.subNQN, err)
+	}
+	if err := id.Unmarshal(buf); err != nil {
+		return id, err
+	}
+	if id.NSZE == 0 {
+		return id, fmt.Errorf("initiator: namespace %d of %s: %w", nsid, s.c.subNQN, errNamespaceInactive)
+	}
+	bs, err := id.BlockSize()
+	if err != nil {
+		return id, err
+	}
+	if bs != BlockSize {
+		return id, fmt.Errorf("initiator: namespace %d of %s has %d-byte blocks; only %d is supported", nsid, s.c.subNQN, bs, BlockSize)
+	}
+	return id, nil
+}
+
+// errNamespaceInactive: Identify Namespace reports size 0 (no such
+// namespace, or no longer).
+var errNamespaceInactive = errors.New("not active")
+
+func (s *session) markIdentified(nsid uint32) {
+	s.mu.Lock()
+	s.identified[nsid] = true
+	s.mu.Unlock()
+}
+
+// do runs fn on the live session, after checking once per session that the
+// target still serves the namespace first identified under this NSID (same
+// size and NGUID), as a Linux host does after a reconnect. A target
+// restarted on another backing must not be read or written as this
+// namespace: its reads would return the other disk's data, and a READ past
+// its end fails the queue pair, which a reconnect would retry for ever. Once
+// changed, the namespace fails every operation with ErrNamespaceChanged.
+func (n *Namespace) do(ctx context.Context, fn func(s *session) error) error {
+	if err := n.changed.Load(); err != nil {
+		return *err
+	}
+	return n.c.do(ctx, func(s *session) error {
+		s.mu.Lock()
+		ok := s.identified[n.nsid]
+		s.mu.Unlock()
+		if !ok {
+			id, err := s.identifyNamespace(ctx, n.nsid)
+			if err == nil && (id.NSZE != n.blocks || id.NGUID != n.nguid) {
+				err = fmt.Errorf("%w: namespace %d of %s is now %d blocks, NGUID %x (was %d blocks, NGUID %x)",
+					ErrNamespaceChanged, n.nsid, n.c.subNQN, id.NSZE, id.NGUID, n.blocks, n.nguid)
+				n.changed.CompareAndSwap(nil, &err)
+				n.c.cfg.log.Error("initiator: the target serves another namespace under this NSID; failing its I/O", "err", err)
+			}
+			if errors.Is(err, errNamespaceInactive) || errors.Is(err, nvme.StatusInvalidNamespaceOrFormat) {
+				err = fmt.Errorf("%w: %w", ErrNamespaceChanged, err)
+				n.changed.CompareAndSwap(nil, &err)
+			}
+			if err != nil {
+				return err // a transport failure is retried by c.do; others fail this operation
+			}
+			s.markIdentified(n.nsid)
+		}
+		return fn(s)
+	})
 }
 
 // region returns the namespace's region descriptor in session s, fetching
@@ -122,7 +182,7 @@ func (n *Namespace) Controller() *Controller { return n.c }
 // session (nil without one-sided reads).
 func (n *Namespace) RegionDescriptor(ctx context.Context) (*nvme.RegionDescriptor, error) {
 	var d *nvme.RegionDescriptor
-	err := n.c.do(ctx, func(s *session) error {
+	err := n.do(ctx, func(s *session) error {
 		var err error
 		d, err = s.region(ctx, n.nsid)
 		return err
@@ -154,7 +214,7 @@ func (n *Namespace) ReadAtContext(ctx context.Context, p []byte, off int64) (int
 	done := 0
 	for done < len(p) {
 		var k int
-		err := n.c.do(ctx, func(s *session) error {
+		err := n.do(ctx, func(s *session) error {
 			k = min(len(p)-done, s.maxXfer)
 			return n.readChunk(ctx, s, p[done:done+k], off+int64(done))
 		})
@@ -279,7 +339,7 @@ func (n *Namespace) write(p []byte, off int64, flags nvme.IOFlag) (int, error) {
 	done := 0
 	for done < len(p) {
 		var k int
-		err := n.c.do(ctx, func(s *session) error {
+		err := n.do(ctx, func(s *session) error {
 			k = min(len(p)-done, s.maxXfer)
 			start := time.Now()
 			cmd, err := nvme.WriteCommand(n.nsid, uint64(off+int64(done))/BlockSize, uint32(k/BlockSize), flags, nvme.NullSGL())
@@ -304,7 +364,7 @@ func (n *Namespace) write(p []byte, off int64, flags nvme.IOFlag) (int, error) {
 // Flush makes every completed write durable.
 func (n *Namespace) Flush() error {
 	ctx := context.Background()
-	return n.c.do(ctx, func(s *session) error {
+	return n.do(ctx, func(s *session) error {
 		start := time.Now()
 		if _, err := s.ioQueue(n.c).Submit(ctx, nvme.FlushCommand(n.nsid), nil); err != nil {
 			return fmt.Errorf("initiator: flush namespace %d: %w", n.nsid, err)
@@ -336,7 +396,7 @@ func (n *Namespace) Trim(off, length int64) error {
 		if err != nil {
 			return err
 		}
-		err = n.c.do(ctx, func(s *session) error {
+		err = n.do(ctx, func(s *session) error {
 			start := time.Now()
 			cmd, err := nvme.DeallocateCommand(n.nsid, len(batch), nvme.NullSGL())
 			if err != nil {
@@ -365,7 +425,7 @@ func (n *Namespace) WriteZeroes(off, length int64) error {
 	ctx := context.Background()
 	for b, end := uint64(off/BlockSize), uint64((off+length)/BlockSize); b < end; {
 		k := min(end-b, nvme.MaxBlocksPerCommand)
-		err := n.c.do(ctx, func(s *session) error {
+		err := n.do(ctx, func(s *session) error {
 			start := time.Now()
 			cmd, err := nvme.WriteZeroesCommand(n.nsid, b, uint32(k), nvme.Deallocate)
 			if err != nil {
@@ -391,7 +451,7 @@ func (n *Namespace) Advise(ctx context.Context, off, length int64) error {
 	if err := n.check("advise", off, length); err != nil {
 		return err
 	}
-	return n.c.do(ctx, func(s *session) error {
+	return n.do(ctx, func(s *session) error {
 		cmd, err := nvme.NPAdviseCommand(n.nsid, uint64(off/BlockSize), uint64(length/BlockSize))
 		if err != nil {
 			return err

@@ -52,16 +52,18 @@ func detachAction(cc *cli.Context) error {
 		}
 	case cc.NArg() == 0:
 		return errors.New("detach: name an attachment (NAME, /dev/loopN, socket or URI; see list), or --all")
-	default:
-		for _, arg := range cc.Args().Slice() {
-			rec, err := dir.Find(arg)
-			if err != nil {
-				return err
-			}
-			recs = append(recs, rec)
-		}
 	}
 	var errs []error
+	// A name that matches nothing is an error, but the others are still
+	// detached (docs/attach.md).
+	for _, arg := range cc.Args().Slice() {
+		rec, err := dir.Find(arg)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		recs = append(recs, rec)
+	}
 	for _, rec := range recs {
 		if err := detachOne(cc, dir, rec); err != nil {
 			errs = append(errs, err)
@@ -132,7 +134,7 @@ func detachOne(cc *cli.Context, dir *attach.Dir, rec attach.Record) error {
 	notes, rerr := dir.Reap(cur)
 	msg := fmt.Sprintf("detach %s: the attach process exited with its teardown incomplete: %s", rec.Name, cur.DetachError)
 	if len(notes) > 0 {
-		msg += "; then" + joinNotes(notes)
+		msg += "; cleaned up after it" + joinNotes(notes)
 	}
 	if rerr != nil {
 		msg += "; cleaning up: " + rerr.Error()

@@ -274,6 +274,12 @@ func (a *Attachment) Detach(force bool) error {
 	defer cancel()
 	var lingering error // a forced detach could not release the loop device
 
+	if a.loop != nil && a.loop.f == nil && !a.loop.ours() {
+		// An earlier detach was refused after unbinding, and the device
+		// has been released since (and may serve another attachment now):
+		// nothing of ours is left on it.
+		a.loop = nil
+	}
 	if a.loop != nil {
 		mounts, err := MountPointsOf(a.loop.dev)
 		if err != nil {

@@ -388,6 +388,66 @@ func TestDetachWhileLoopDeviceIsHeldOpen(t *testing.T) {
 	waitGoroutines(t, baseline)
 }
 
+// TestStaleLoopDeviceIsLeftToItsNewOwner: a detach refused because another
+// program held the loop device leaves it to autoclear; once that program
+// closes it, the number can serve another attachment. The first attachment's
+// later Detach must then neither see the newcomer's mount nor unmount it
+// (forced), and must detach cleanly. A review found the forced detach
+// unmounting the other attachment's file system.
+func TestStaleLoopDeviceIsLeftToItsNewOwner(t *testing.T) {
+	requireTool(t, "mkfs.ext4")
+	requireFUSE(t, true)
+	a, err := Attach(context.Background(), blockio.NewMemory(4<<20, testBlock), WithDetachTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := a.LoopDevice()
+	holder, err := os.OpenFile(dev, os.O_RDONLY, 0)
+	if err != nil {
+		a.Detach(true)
+		t.Fatal(err)
+	}
+	if err := a.Detach(false); err == nil || !strings.Contains(err.Error(), "still in use") {
+		holder.Close()
+		a.Detach(true)
+		t.Fatalf("Detach with the device held open: %v", err)
+	}
+	holder.Close()
+	// The newcomer gets the lowest free number: very likely the same device.
+	var b *Attachment
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if b, err = Attach(context.Background(), blockio.NewMemory(32<<20, testBlock)); err != nil {
+			a.Detach(true)
+			t.Fatal(err)
+		}
+		if b.LoopDevice() == dev || time.Now().After(deadline) {
+			break
+		}
+		b.Detach(true) // the old binding was not released yet: try again
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer b.Detach(true)
+	if b.LoopDevice() != dev {
+		a.Detach(true)
+		t.Skipf("the new attachment got %s, not %s: nothing to check", b.LoopDevice(), dev)
+	}
+	run(t, "mkfs.ext4", "-q", "-F", dev)
+	mnt := t.TempDir()
+	if err := unix.Mount(dev, mnt, "ext4", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(mnt, 0)
+	if err := a.Detach(true); err != nil {
+		t.Fatalf("Detach of the first attachment: %v", err)
+	}
+	if !isMountPoint(mnt) {
+		t.Fatal("the first attachment's forced Detach unmounted the new attachment's file system")
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "f"), []byte("still here"), 0o644); err != nil {
+		t.Fatalf("the new attachment's file system after the other's Detach: %v", err)
+	}
+}
+
 func TestForcedDetachAbortsABusyFUSEFile(t *testing.T) {
 	requireFUSE(t, false)
 	baseline := runtime.NumGoroutine()

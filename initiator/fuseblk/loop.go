@@ -20,6 +20,7 @@ import (
 // instead of leaving it behind.
 type loopDevice struct {
 	path     string
+	file     string // our backing file: the device is ours only while bound to it
 	number   int
 	dev      uint64 // device number, to find mounts of it
 	f        *os.File
@@ -80,7 +81,11 @@ func attachLoop(ctx context.Context, file string, blockSize int, readOnly bool) 
 			f.Close()
 			return nil, fmt.Errorf("loop: stat %s: %w", path, err)
 		}
-		ld := &loopDevice{path: path, number: n, dev: st.Rdev, f: f}
+		ld := &loopDevice{path: path, file: file, number: n, dev: st.Rdev, f: f}
+		// Compare later with the kernel's own spelling of the path.
+		if b := ld.backingFile(); b != "" {
+			ld.file = b
+		}
 		ld.directIO = ld.checkDirectIO()
 		return ld, nil
 	}
@@ -109,7 +114,14 @@ func (ld *loopDevice) backingFile() string {
 	return strings.TrimSpace(string(b))
 }
 
-// detach unbinds the device and waits until the kernel has released the
+// ours reports whether the device is still bound to our backing file. Once
+// a detach was refused (another program held the device), the kernel
+// unbinds it at that program's close, and the number may then serve another
+// attachment: from then on the device is not ours to check, unmount or wait
+// for.
+func (ld *loopDevice) ours() bool { return ld.backingFile() == ld.file }
+
+// detach unbinds the device and waits until the kernel has released our
 // backing file (the unbind happens at the last close of the device). It
 // gives up, with the device still bound, when ctx ends first: then something
 // else still has the device open.
@@ -123,7 +135,7 @@ func (ld *loopDevice) detach(ctx context.Context) error {
 		ld.f.Close()
 		ld.f = nil
 	}
-	for delay := time.Millisecond; ld.backingFile() != ""; delay = min(2*delay, 100*time.Millisecond) {
+	for delay := time.Millisecond; ld.ours(); delay = min(2*delay, 100*time.Millisecond) {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("loop: %s is still in use; it will be released when its last user closes it", ld.path)
