@@ -543,21 +543,30 @@ func TestKeepAliveTimeoutTearsControllerDown(t *testing.T) {
 // reconnects (fresh region descriptor), the I/O completes and the data is
 // there. Then the target goes away for good: I/O fails with
 // ErrControllerLost within the loss timeout.
-func TestReconnectAfterTargetRestart(t *testing.T) {
+// restartable starts a 16 MiB tcp target on a fixed address, so that a test
+// can restart it there, and connects to it with a 20 s loss timeout.
+func restartable(t *testing.T, opts ...Option) (spec targetSpec, tg *target.Target, dev *nprdma.Device, c *Controller) {
+	t.Helper()
 	dir := t.TempDir()
-	spec := targetSpec{dir: dir, size: 16 << 20, allowAny: true, prov: tcp.New(), listen: "127.0.0.1:0"}
-	tg := startTarget(t, spec)
-	addr := tg.Addr()
-	dev := nprdma.NewDevice(tcp.New(), nprdma.WithPinning(false))
-	defer dev.Close()
-	ctx := context.Background()
-	c, err := Connect(ctx, dev, addr, testSubNQN, WithLogger(quiet), WithIOQueues(2),
-		WithStateFile(filepath.Join(dir, "hostid")), WithControllerLossTimeout(20*time.Second),
-		WithKeepAlive(time.Second), WithQPTimeout(2*time.Second), WithReconnectDelay(20*time.Millisecond))
+	spec = targetSpec{dir: dir, size: 16 << 20, allowAny: true, prov: tcp.New(), listen: "127.0.0.1:0"}
+	tg = startTarget(t, spec)
+	spec.listen = tg.Addr()
+	dev = nprdma.NewDevice(tcp.New(), nprdma.WithPinning(false))
+	t.Cleanup(func() { dev.Close() })
+	opts = append([]Option{WithLogger(quiet), WithStateFile(filepath.Join(dir, "hostid")), WithControllerLossTimeout(20 * time.Second),
+		WithQPTimeout(2 * time.Second), WithReconnectDelay(20 * time.Millisecond)}, opts...)
+	c, err := Connect(context.Background(), dev, spec.listen, testSubNQN, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return spec, tg, dev, c
+}
+
+func TestReconnectAfterTargetRestart(t *testing.T) {
+	spec, tg, dev, c := restartable(t, WithIOQueues(2), WithKeepAlive(time.Second))
+	dir, addr := spec.dir, spec.listen
+	ctx := context.Background()
 	n := namespace(t, c)
 	buf := make([]byte, 256*BlockSize)
 	pattern(buf, 0, 11)
@@ -586,8 +595,7 @@ func TestReconnectAfterTargetRestart(t *testing.T) {
 		done <- nil
 	}()
 	time.Sleep(300 * time.Millisecond)
-	spec.listen = addr
-	spec.prov = tcp.New()
+	spec.prov = tcp.New() // the same address, backing and data directory
 	tg2 := startTarget(t, spec)
 	defer tg2.Close()
 	select {
@@ -639,29 +647,16 @@ func TestReconnectAfterTargetRestart(t *testing.T) {
 // disk's data; before, a READ past the smaller region's end failed the queue
 // pair and the reconnect retried it for ever.
 func TestNamespaceChangedAcrossRestart(t *testing.T) {
-	dir := t.TempDir()
-	spec := targetSpec{dir: dir, size: 16 << 20, allowAny: true, prov: tcp.New(), listen: "127.0.0.1:0"}
-	tg := startTarget(t, spec)
-	addr := tg.Addr()
-	dev := nprdma.NewDevice(tcp.New(), nprdma.WithPinning(false))
-	defer dev.Close()
-	ctx := context.Background()
-	c, err := Connect(ctx, dev, addr, testSubNQN, WithLogger(quiet), WithIOQueues(1),
-		WithStateFile(filepath.Join(dir, "hostid")), WithControllerLossTimeout(20*time.Second),
-		WithQPTimeout(2*time.Second), WithReconnectDelay(20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	spec, tg, _, c := restartable(t, WithIOQueues(1))
 	n := namespace(t, c)
-	if err := tg.Shutdown(ctx); err != nil {
+	if err := tg.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	other := targetSpec{dir: t.TempDir(), size: 8 << 20, allowAny: true, prov: tcp.New(), listen: addr}
+	other := targetSpec{dir: t.TempDir(), size: 8 << 20, allowAny: true, prov: tcp.New(), listen: spec.listen}
 	tg2 := startTarget(t, other)
 	defer tg2.Close()
 	start := time.Now()
-	_, err = n.ReadAt(make([]byte, 4*BlockSize), 12<<20) // beyond the new namespace's end
+	_, err := n.ReadAt(make([]byte, 4*BlockSize), 12<<20) // beyond the new namespace's end
 	if !errors.Is(err, ErrNamespaceChanged) {
 		t.Fatalf("read after the restart on another backing: %v, want ErrNamespaceChanged", err)
 	}

@@ -68,8 +68,8 @@ func (s *session) identifyNamespace(ctx context.Context, nsid uint32) (nvme.Iden
 	if err := id.Unmarshal(buf); err != nil {
 		return id, err
 	}
-	if id.NSZE == 0 {
-		return id, fmt.Errorf("initiator: namespace %d of %s: %w", nsid, s.c.subNQN, errNamespaceInactive)
+	if id.NSZE == 0 { // inactive: as the I/O commands would answer
+		return id, fmt.Errorf("initiator: namespace %d of %s is not active: %w", nsid, s.c.subNQN, nvme.StatusInvalidNamespaceOrFormat)
 	}
 	bs, err := id.BlockSize()
 	if err != nil {
@@ -80,10 +80,6 @@ func (s *session) identifyNamespace(ctx context.Context, nsid uint32) (nvme.Iden
 	}
 	return id, nil
 }
-
-// errNamespaceInactive: Identify Namespace reports size 0 (no such
-// namespace, or no longer).
-var errNamespaceInactive = errors.New("not active")
 
 func (s *session) markIdentified(nsid uint32) {
 	s.mu.Lock()
@@ -114,7 +110,7 @@ func (n *Namespace) do(ctx context.Context, fn func(s *session) error) error {
 				n.changed.CompareAndSwap(nil, &err)
 				n.c.cfg.log.Error("initiator: the target serves another namespace under this NSID; failing its I/O", "err", err)
 			}
-			if errors.Is(err, errNamespaceInactive) || errors.Is(err, nvme.StatusInvalidNamespaceOrFormat) {
+			if errors.Is(err, nvme.StatusInvalidNamespaceOrFormat) {
 				err = fmt.Errorf("%w: %w", ErrNamespaceChanged, err)
 				n.changed.CompareAndSwap(nil, &err)
 			}
