@@ -196,9 +196,8 @@ type session struct {
 	failOnce sync.Once
 	failed   chan struct{}
 
-	mu         sync.Mutex
-	regions    map[uint32]*regionInfo
-	identified map[uint32]bool // namespaces checked against their first identity in this session
+	mu      sync.Mutex
+	regions map[uint32]*regionInfo
 }
 
 // regionInfo is a namespace's region descriptor in one session (nil
@@ -383,7 +382,7 @@ func (c *Controller) connectAdmin(ctx context.Context, subNQN string, kato time.
 	if err != nil {
 		return nil, err
 	}
-	s := &session{c: c, admin: q, failed: make(chan struct{}), regions: map[uint32]*regionInfo{}, identified: map[uint32]bool{}}
+	s := &session{c: c, admin: q, failed: make(chan struct{}), regions: map[uint32]*regionInfo{}}
 	if err := connectQueue(ctx, q, subNQN, c.cfg.hostNQN, c.cfg.hostID, nvme.DynamicControllerID, kato, &s.cntlid); err != nil {
 		q.Close()
 		return nil, err

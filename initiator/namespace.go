@@ -26,7 +26,8 @@ type Namespace struct {
 	nguid  [16]byte
 	uuid   nvme.UUID
 
-	changed atomic.Pointer[error] // set for good once the target serves another namespace under nsid
+	changed  atomic.Pointer[error]   // set for good once the target serves another namespace under nsid
+	verified atomic.Pointer[session] // the session in which the identity was last checked
 }
 
 var _ blockio.Backend = (*Namespace)(nil)
@@ -40,7 +41,7 @@ func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, er
 			return err
 		}
 		n.blocks, n.nguid = id.NSZE, id.NGUID
-		s.markIdentified(nsid)
+		n.verified.Store(s)
 		ids := make([]byte, nvme.IdentifySize)
 		if _, err := s.admin.Submit(ctx, nvme.IdentifyCommand(nvme.CNSNamespaceDescriptors, nsid, nvme.NullSGL()), ids); err == nil {
 			var d nvme.NamespaceIDs
@@ -81,12 +82,6 @@ func (s *session) identifyNamespace(ctx context.Context, nsid uint32) (nvme.Iden
 	return id, nil
 }
 
-func (s *session) markIdentified(nsid uint32) {
-	s.mu.Lock()
-	s.identified[nsid] = true
-	s.mu.Unlock()
-}
-
 // do runs fn on the live session, after checking once per session that the
 // target still serves the namespace first identified under this NSID (same
 // size and NGUID), as a Linux host does after a reconnect. A target
@@ -99,10 +94,7 @@ func (n *Namespace) do(ctx context.Context, fn func(s *session) error) error {
 		return *err
 	}
 	return n.c.do(ctx, func(s *session) error {
-		s.mu.Lock()
-		ok := s.identified[n.nsid]
-		s.mu.Unlock()
-		if !ok {
+		if n.verified.Load() != s {
 			id, err := s.identifyNamespace(ctx, n.nsid)
 			if err == nil && (id.NSZE != n.blocks || id.NGUID != n.nguid) {
 				err = fmt.Errorf("%w: namespace %d of %s is now %d blocks, NGUID %x (was %d blocks, NGUID %x)",
@@ -117,7 +109,7 @@ func (n *Namespace) do(ctx context.Context, fn func(s *session) error) error {
 			if err != nil {
 				return err // a transport failure is retried by c.do; others fail this operation
 			}
-			s.markIdentified(n.nsid)
+			n.verified.Store(s)
 		}
 		return fn(s)
 	})
