@@ -42,15 +42,15 @@ func serve(cc *cli.Context) error {
 	// during start-up must still end in a clean shutdown.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if n := cc.Int("gomaxprocs"); n < 0 {
-		return fmt.Errorf("--gomaxprocs %d: negative (0 keeps the runtime's default)", n)
-	}
 	for _, name := range []string{"busy-poll", "max-keep-alive", "shutdown-timeout"} {
 		if d := cc.Duration(name); d < 0 {
 			return fmt.Errorf("--%s %v: negative", name, d)
 		}
 	}
-	if n := cc.Int("gomaxprocs"); n > 0 {
+	switch n := cc.Int("gomaxprocs"); {
+	case n < 0:
+		return fmt.Errorf("--gomaxprocs %d: negative (0 keeps the runtime's default)", n)
+	case n > 0:
 		runtime.GOMAXPROCS(n)
 	}
 	log, err := newLogger(cc.String("log-level"))
