@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -111,14 +113,35 @@ func PinProcess(pid int, cpus []int) error {
 	return nil
 }
 
-// TasksetArgv prefixes argv with taskset so that the child starts on cpus.
-// taskset execs the command, so the child keeps taskset's PID. With no cpus
-// argv is returned unchanged.
-func TasksetArgv(cpus []int, argv ...string) []string {
+// StartPinned starts cmd restricted to cpus from its first instruction: the
+// child inherits the affinity of the thread that forks it, so the fork runs
+// on a locked thread narrowed to cpus for that moment. (taskset narrows its
+// own mask only after it has started, so a sampler could see it on another
+// CPU first.) With no cpus it is cmd.Start.
+func StartPinned(cmd *exec.Cmd, cpus []int) error {
 	if len(cpus) == 0 {
-		return argv
+		return cmd.Start()
 	}
-	return append([]string{"taskset", "-c", FormatCPUList(cpus)}, argv...)
+	var set, saved unix.CPUSet
+	for _, c := range cpus {
+		set.Set(c)
+	}
+	runtime.LockOSThread()
+	if err := unix.SchedGetaffinity(0, &saved); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("sched_getaffinity: %w", err)
+	}
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("pin to CPUs %s: %w", FormatCPUList(cpus), err)
+	}
+	err := cmd.Start()
+	// A thread whose mask cannot be restored stays locked: the runtime ends
+	// it with this goroutine rather than reuse it narrowed.
+	if unix.SchedSetaffinity(0, &saved) == nil {
+		runtime.UnlockOSThread()
+	}
+	return err
 }
 
 // Placement records where one process of an experiment ran.
@@ -126,7 +149,7 @@ type Placement struct {
 	Role    string     `json:"role"`
 	PID     int        `json:"pid,omitempty"`
 	Allowed string     `json:"allowed"` // affinity mask at start, as a CPU list
-	Pinned  bool       `json:"pinned"`  // the bench restricted it (--cpus or taskset)
+	Pinned  bool       `json:"pinned"`  // the bench restricted it (--cpus, or StartPinned for a child)
 	RanOn   []CPUShare `json:"ran_on,omitempty"`
 	Samples int        `json:"samples"` // thread-samples behind RanOn
 }

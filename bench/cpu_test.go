@@ -180,12 +180,47 @@ func TestPinProcess(t *testing.T) {
 	}
 }
 
-func TestTasksetArgv(t *testing.T) {
-	if got := TasksetArgv([]int{0, 1, 3}, "fio", "--name=x"); !slices.Equal(got, []string{"taskset", "-c", "0-1,3", "fio", "--name=x"}) {
-		t.Fatalf("TasksetArgv = %v", got)
+func TestStartPinned(t *testing.T) {
+	allowed, err := Affinity(0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := TasksetArgv(nil, "fio"); !slices.Equal(got, []string{"fio"}) {
-		t.Fatalf("TasksetArgv without CPUs = %v", got)
+	threads := func() map[string]string {
+		masks := map[string]string{}
+		tasks, _ := os.ReadDir("/proc/self/task")
+		for _, task := range tasks {
+			if tid, err := strconv.Atoi(task.Name()); err == nil {
+				if cpus, err := Affinity(tid); err == nil {
+					masks[task.Name()] = FormatCPUList(cpus)
+				}
+			}
+		}
+		return masks
+	}
+	target := allowed[len(allowed)-1]
+	for range 20 {
+		// The child's first command reads the mask it started with.
+		cmd := exec.Command("grep", "Cpus_allowed_list", "/proc/self/status")
+		var out strings.Builder
+		cmd.Stdout = &out
+		if err := StartPinned(cmd, []int{target}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(strings.TrimPrefix(out.String(), "Cpus_allowed_list:")); got != strconv.Itoa(target) {
+			t.Fatalf("child started with CPUs %q, want %d", got, target)
+		}
+	}
+	// No thread of this process is left narrowed.
+	for tid, mask := range threads() {
+		if mask != FormatCPUList(allowed) {
+			t.Fatalf("thread %s left on CPUs %s, process allowed %v", tid, mask, allowed)
+		}
+	}
+	if err := StartPinned(exec.Command("true"), []int{1 << 20}); err == nil {
+		t.Fatal("pinning to a CPU that does not exist succeeded")
 	}
 }
 

@@ -20,7 +20,7 @@ import (
 type Fio struct {
 	// Path is the fio binary ("" = look it up in PATH).
 	Path string
-	// CPUs pins fio (and the job processes it forks) with taskset.
+	// CPUs pins fio (and the job processes it forks, which inherit its mask).
 	CPUs []int
 	// SampleInterval is how often the CPU placement of fio is sampled
 	// (100 ms if 0).
@@ -46,22 +46,14 @@ func (f Fio) Run(ctx context.Context, args ...string) (FioResult, error) {
 	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--output-format") }) {
 		args = append(args, "--output-format=json+")
 	}
-	argv := TasksetArgv(f.CPUs, append([]string{path}, args...)...)
-	if len(f.CPUs) > 0 {
-		ts, err := FindTool("taskset")
-		if err != nil {
-			return FioResult{}, err
-		}
-		argv[0] = ts
-	}
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd := exec.CommandContext(ctx, path, args...)
 	// On cancellation fio gets SIGINT, which it handles by stopping its job
 	// processes; SIGKILL would orphan them.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGINT) }
 	cmd.WaitDelay = 15 * time.Second
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
+	if err := StartPinned(cmd, f.CPUs); err != nil {
 		return FioResult{}, fmt.Errorf("start fio: %w", err)
 	}
 	sampler := StartCPUSampler(cmd.Process.Pid, f.SampleInterval)

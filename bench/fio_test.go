@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -194,9 +193,6 @@ func TestRunFioReportsFioErrors(t *testing.T) {
 
 func TestRunFioPinned(t *testing.T) {
 	requireFio(t)
-	if _, err := exec.LookPath("taskset"); err != nil {
-		t.Skip("taskset missing (Debian package util-linux)")
-	}
 	cpus, err := Affinity(0)
 	if err != nil {
 		t.Fatal(err)

@@ -66,7 +66,7 @@ func WithNBDKitFlags(flags ...string) NBDKitOption {
 	return func(c *nbdkitConfig) { c.flags = append(c.flags, flags...) }
 }
 
-// WithNBDKitCPUs pins nbdkit with taskset.
+// WithNBDKitCPUs pins nbdkit to cpus.
 func WithNBDKitCPUs(cpus []int) NBDKitOption { return func(c *nbdkitConfig) { c.cpus = cpus } }
 
 // WithNBDKitPath uses this nbdkit binary instead of the one in PATH.
@@ -146,17 +146,9 @@ func startNBDKitOnce(ctx context.Context, plugin string, pluginArgs []string, cf
 	args = append(args, cfg.flags...)
 	args = append(args, plugin)
 	args = append(args, pluginArgs...)
-	argv := TasksetArgv(cfg.cpus, append([]string{cfg.path}, args...)...)
-	if len(cfg.cpus) > 0 {
-		ts, err := FindTool("taskset")
-		if err != nil {
-			return fail(err)
-		}
-		argv[0] = ts
-	}
-	n.cmd = exec.Command(argv[0], argv[1:]...)
+	n.cmd = exec.Command(cfg.path, args...)
 	n.cmd.Stdout, n.cmd.Stderr = n.stderr, n.stderr
-	if err := n.cmd.Start(); err != nil {
+	if err := StartPinned(n.cmd, cfg.cpus); err != nil {
 		return fail(fmt.Errorf("start nbdkit %s: %w", plugin, err))
 	}
 	n.PID = n.cmd.Process.Pid

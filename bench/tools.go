@@ -22,7 +22,6 @@ var debianPackages = map[string]string{
 	"nbdsh":              "python3-libnbd",
 	"nbd-server":         "nbd-server",
 	"nbd-client":         "nbd-client",
-	"taskset":            "util-linux",
 	"losetup":            "util-linux",
 	"mkfs.ext4":          "e2fsprogs",
 	"fusermount3":        "fuse3",

@@ -32,17 +32,9 @@ type child struct {
 	stopOnce sync.Once
 }
 
-// startChild starts argv (pinned to cpus with taskset when given) with env
+// startChild starts argv (pinned to cpus when given) with env
 // added to the bench's environment.
 func startChild(name string, argv []string, cpus []int, env ...string) (*child, error) {
-	argv = bench.TasksetArgv(cpus, argv...)
-	if len(cpus) > 0 {
-		ts, err := bench.FindTool("taskset")
-		if err != nil {
-			return nil, err
-		}
-		argv[0] = ts
-	}
 	c := &child{name: name, done: make(chan struct{})}
 	c.cmd = exec.Command(argv[0], argv[1:]...)
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -51,7 +43,7 @@ func startChild(name string, argv []string, cpus []int, env ...string) (*child, 
 	}
 	pr, pw := io.Pipe()
 	c.cmd.Stdout, c.cmd.Stderr = pw, pw
-	if err := c.cmd.Start(); err != nil {
+	if err := bench.StartPinned(c.cmd, cpus); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	read := make(chan struct{})
