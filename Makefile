@@ -5,8 +5,9 @@ GO        ?= go
 BIN       := bin
 # Packages with goroutines sharing state: tested under the race detector.
 RACE_PKGS  := ./blockdev/... ./swap/... ./nprdma/... ./nvme/... ./target/... ./initiator/... ./integration/... ./internal/...
-# Packages with allocation tests (TestHotPathAllocations, TestSlowPathAllocatesNothing).
-ALLOC_PKGS := ./nprdma/tcp ./integration/np/npread
+# Packages with allocation tests (TestHotPathAllocations, TestSlowPathAllocatesNothing,
+# TestCommandPathAllocations).
+ALLOC_PKGS := ./nprdma/tcp ./integration/np/npread ./target
 # The rest: benchmark code (its own quick tests) and the CLIs.
 OTHER_PKGS := ./bench/... ./cmd/...
 # Short fuzz runs in `make test`; `make fuzz FUZZTIME=10m` for a long run.

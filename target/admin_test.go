@@ -30,11 +30,19 @@ type adminRig struct {
 	reg *prometheus.Registry
 }
 
-func newAdminRig(t *testing.T) *adminRig {
+func newAdminRig(t testing.TB) *adminRig {
 	t.Helper()
 	f := loop.NewFabric()
+	return newRig(t, loop.New(loop.WithFabric(f)), loop.New(loop.WithFabric(f)), "admin-test", nil)
+}
+
+// newRig starts a target on provider tp listening at listen, with one
+// subsystem holding an 8 MiB namespace 3 (its backing wrapped by wrap, if
+// not nil), and a host device on hp.
+func newRig(t testing.TB, tp, hp nprdma.Provider, listen string, wrap func(blockdev.Device) blockdev.Device) *adminRig {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	tg, err := target.New(target.WithProvider(loop.New(loop.WithFabric(f))), target.WithListen("admin-test"),
+	tg, err := target.New(target.WithProvider(tp), target.WithListen(listen),
 		target.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), target.WithMetrics(reg),
 		target.WithMaxIOQueues(4), target.WithDataDir(filepath.Join(t.TempDir(), "meta")))
 	if err != nil {
@@ -48,9 +56,12 @@ func newAdminRig(t *testing.T) *adminRig {
 	if err := blockdev.Create(path, 8<<20); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := blockdev.Open(path)
-	if err != nil {
+	var dev blockdev.Device
+	if dev, err = blockdev.Open(path); err != nil {
 		t.Fatal(err)
+	}
+	if wrap != nil {
+		dev = wrap(dev)
 	}
 	if _, err := sub.AddNamespace(target.NamespaceConfig{NSID: 3, Backing: dev}); err != nil {
 		t.Fatal(err)
@@ -58,7 +69,7 @@ func newAdminRig(t *testing.T) *adminRig {
 	if err := tg.Start(); err != nil {
 		t.Fatal(err)
 	}
-	cdev := nprdma.NewDevice(loop.New(loop.WithFabric(f)), nprdma.WithPinning(false))
+	cdev := nprdma.NewDevice(hp, nprdma.WithPinning(false))
 	t.Cleanup(func() {
 		tg.Close()
 		cdev.Close()
@@ -66,7 +77,7 @@ func newAdminRig(t *testing.T) *adminRig {
 	return &adminRig{tg: tg, pd: cdev.AllocPD(), reg: reg}
 }
 
-func (r *adminRig) dial(t *testing.T, qid uint16, icd int) *fabric.HostQueue {
+func (r *adminRig) dial(t testing.TB, qid uint16, icd int) *fabric.HostQueue {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -78,7 +89,7 @@ func (r *adminRig) dial(t *testing.T, qid uint16, icd int) *fabric.HostQueue {
 	return q
 }
 
-func connectCmd(t *testing.T, q *fabric.HostQueue, sub string, cntlid uint16) (nvme.Completion, error) {
+func connectCmd(t testing.TB, q *fabric.HostQueue, sub string, cntlid uint16) (nvme.Completion, error) {
 	t.Helper()
 	d := nvme.ConnectData{CNTLID: cntlid, SubNQN: sub, HostNQN: hostNQN}
 	raw, err := d.Marshal()
@@ -90,7 +101,7 @@ func connectCmd(t *testing.T, q *fabric.HostQueue, sub string, cntlid uint16) (n
 }
 
 // mc unwraps a command builder's result.
-func mc(t *testing.T) func(nvme.Command, error) nvme.Command {
+func mc(t testing.TB) func(nvme.Command, error) nvme.Command {
 	return func(c nvme.Command, err error) nvme.Command {
 		t.Helper()
 		if err != nil {
@@ -110,7 +121,7 @@ func wantStatus(t *testing.T, err error, want nvme.Status) *nvme.StatusError {
 }
 
 // adminController connects and enables a controller on a fresh admin queue.
-func (r *adminRig) adminController(t *testing.T) (*fabric.HostQueue, uint16) {
+func (r *adminRig) adminController(t testing.TB) (*fabric.HostQueue, uint16) {
 	t.Helper()
 	q := r.dial(t, 0, 0)
 	cqe, err := connectCmd(t, q, subNQN, nvme.DynamicControllerID)

@@ -1,7 +1,6 @@
 package target
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,9 @@ import (
 	"github.com/nprdma/nprdma/nvme/fabric"
 )
 
+// connectDataTimeout bounds the RDMA READ of Connect's data.
+const connectDataTimeout = 10 * time.Second
+
 // queueConn is a queue accepted by the listener; Connect binds it to a
 // controller.
 type queueConn struct {
@@ -19,6 +21,15 @@ type queueConn struct {
 	q     *fabric.ControllerQueue
 	admin bool
 	ctrl  atomic.Pointer[controller]
+
+	// The queue's workers (see handle). idle counts the workers parked on
+	// work or about to be, less the commands waiting in work.
+	work chan *fabric.Request
+	idle atomic.Int64
+}
+
+func newQueueConn(t *Target, q *fabric.ControllerQueue) *queueConn {
+	return &queueConn{t: t, q: q, admin: q.QID() == 0, work: make(chan *fabric.Request, q.Entries())}
 }
 
 // watch forgets the queue once it is gone and, for an admin queue, tears
@@ -48,9 +59,18 @@ func errString(err error) string {
 	return err.Error()
 }
 
-// handle is the queue's Handler: it runs on the receive loop, so every
-// command executes on a goroutine of its own (a fault or a flush must not
-// hold up the commands behind it); the host bounds them by its queue depth.
+// maxIdleWorkers is how many idle workers a queue keeps parked; more go
+// once idle (a burst deeper than this starts goroutines again).
+const maxIdleWorkers = 16
+
+// handle is the queue's Handler. It runs on the receive loop, so every
+// command executes on a worker goroutine, never behind another command (a
+// fault or a flush must not hold up the commands behind it): an idle worker
+// if there is one, else a new one. There are never more workers than
+// commands that ran at once on the queue, which the host bounds by its queue
+// depth (a command holds its receive buffer until it completes), and idle
+// ones stay parked (up to maxIdleWorkers) until the queue goes: a goroutine
+// per command cost an allocation and a start each.
 func (qc *queueConn) handle(r *fabric.Request) {
 	t := qc.t
 	if t.draining.Load() {
@@ -58,21 +78,62 @@ func (qc *queueConn) handle(r *fabric.Request) {
 		return
 	}
 	t.inflight.Add(1)
-	go func() {
-		defer t.inflight.Done()
-		start := time.Now()
-		name, res := qc.execute(r)
-		if res.parked {
-			return // an AER: completed later
+	if qc.idle.Add(-1) >= 0 {
+		// Never blocks: each command in work holds one of the queue's
+		// Entries() receive buffers, work's capacity.
+		qc.work <- r
+		return
+	}
+	qc.idle.Add(1)
+	go qc.worker(r)
+}
+
+// worker runs r, then the commands handed to it, until the queue is gone
+// or enough others are idle.
+func (qc *queueConn) worker(r *fabric.Request) {
+	for {
+		qc.run(r)
+		// Leaving takes one off idle: with more than maxIdleWorkers idle,
+		// those staying still outnumber the commands handed out to them.
+		if n := qc.idle.Load(); n > maxIdleWorkers && qc.idle.CompareAndSwap(n, n-1) {
+			return
 		}
-		c := res.completion()
-		// Counted before the host can see the completion, so that a host
-		// reading the metrics after its command finds it counted.
-		if t.met != nil {
-			t.met.observe(name, c.Status, time.Since(start))
+		select {
+		case r = <-qc.work:
+			continue
+		case <-qc.q.Done():
 		}
-		r.Complete(c)
-	}()
+		// The receive loop has stopped: nothing is handed out any more,
+		// but what it handed out before may still be waiting.
+		select {
+		case r = <-qc.work:
+		default:
+			return
+		}
+	}
+}
+
+// run executes r. The worker counts itself idle just before the completion
+// goes out: the host's next command, which may follow it at once, then
+// finds it (so that a queue at depth 1 keeps one worker) and waits for it
+// only as long as posting the completion takes.
+func (qc *queueConn) run(r *fabric.Request) {
+	t := qc.t
+	defer t.inflight.Done()
+	start := time.Now()
+	name, res := qc.execute(r)
+	if res.parked {
+		qc.idle.Add(1)
+		return // an AER: completed later
+	}
+	c := res.completion()
+	// Counted before the host can see the completion, so that a host
+	// reading the metrics after its command finds it counted.
+	if t.met != nil {
+		t.met.observe(name, c.Status, time.Since(start))
+	}
+	qc.idle.Add(1)
+	r.Complete(c)
 }
 
 // execute runs one command and returns its metric name and outcome.
@@ -150,9 +211,7 @@ func (c *controller) discovery() bool { return c.sub == nil }
 func (qc *queueConn) connect(r *fabric.Request) result {
 	t := qc.t
 	p := r.Cmd.Connect()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	raw, err := r.HostData(ctx)
+	raw, err := r.HostData(connectDataTimeout)
 	if err != nil {
 		return result{err: err}
 	}

@@ -1,7 +1,6 @@
 package target
 
 import (
-	"context"
 	"errors"
 	"sync/atomic"
 	"time"
@@ -66,9 +65,7 @@ func (c *controller) io(r *fabric.Request) result {
 		if err != nil {
 			return result{err: err}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), hostDataTimeout)
-		data, err := r.HostData(ctx)
-		cancel()
+		data, err := r.HostData(hostDataTimeout)
 		if err != nil {
 			return result{err: err}
 		}
@@ -109,9 +106,7 @@ func (c *controller) io(r *fabric.Request) result {
 		if err := cmd.CheckTransfer(p.DataLength(), maxT); err != nil {
 			return result{err: err}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), hostDataTimeout)
-		data, err := r.HostData(ctx)
-		cancel()
+		data, err := r.HostData(hostDataTimeout)
 		if err != nil {
 			return result{err: err}
 		}

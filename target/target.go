@@ -316,7 +316,7 @@ func (t *Target) acceptLoop(ctx context.Context) {
 		if err != nil {
 			return
 		}
-		qc := &queueConn{t: t, q: q, admin: q.QID() == 0}
+		qc := newQueueConn(t, q)
 		t.accepted.Store(true)
 		t.mu.Lock()
 		if t.closed || t.draining.Load() {

@@ -27,8 +27,8 @@ var ErrQueueFailed = errors.New("nvme fabric: queue failed")
 
 // Handler receives the commands of a queue. It is called on the queue's
 // receive loop, one command at a time, and must not block: anything that
-// waits (Request.HostData, a backing device, a fault) belongs on a goroutine
-// of its own.
+// waits (Request.HostData, a backing device, a fault) belongs on another
+// goroutine.
 type Handler func(*Request)
 
 // QueueStats are a controller queue's counters.
@@ -66,8 +66,8 @@ type ControllerQueue struct {
 	inflight   sync.WaitGroup
 	stats      queueCounters
 	mu         sync.Mutex
-	reqs       []*Request
-	free       []int
+	reqs       []*Request // by slot: the commands handed out, nil when free
+	free       []*Request // released, kept for the next commands (slot included)
 	failed     error
 	failedFlag atomic.Bool
 }
@@ -337,19 +337,34 @@ func (q *ControllerQueue) onCapsule(recv, n int) {
 	q.handler(r)
 }
 
+// newRequest hands out a released Request (and its slot) again, or a new
+// one: the queue never holds more than its entries plus those whose
+// completion is still being sent, so they stop growing in the steady state
+// and a command allocates nothing here.
 func (q *ControllerQueue) newRequest(recv int, cmd nvme.Command, icd []byte) *Request {
-	r := &Request{q: q, Cmd: cmd, icd: icd, recv: recv, sqhd: q.head, readDone: make(chan nprdma.Status, 1)}
 	q.inflight.Add(1)
 	q.mu.Lock()
+	var r *Request
 	if n := len(q.free); n > 0 {
-		r.slot = q.free[n-1]
+		r = q.free[n-1]
 		q.free = q.free[:n-1]
-		q.reqs[r.slot] = r
 	} else {
-		r.slot = len(q.reqs)
-		q.reqs = append(q.reqs, r)
+		r = &Request{q: q, slot: len(q.reqs), readDone: make(chan nprdma.Status, 1)}
+		q.reqs = append(q.reqs, nil)
 	}
+	q.reqs[r.slot] = r
 	q.mu.Unlock()
+	r.Cmd, r.icd, r.recv, r.sqhd = cmd, icd, recv, q.head
+	r.dataLen = 0
+	// A READ that HostData stopped waiting for may have completed into
+	// readDone since: drop that. Nothing more can come: RC ordering
+	// delivered it before the SEND whose completion released r, and the
+	// receive loop, which runs this, delivered both.
+	select {
+	case <-r.readDone:
+	default:
+	}
+	r.state.Store(reqExecuting)
 	return r
 }
 
@@ -357,7 +372,7 @@ func (q *ControllerQueue) release(r *Request) {
 	q.mu.Lock()
 	if q.reqs[r.slot] == r {
 		q.reqs[r.slot] = nil
-		q.free = append(q.free, r.slot)
+		q.free = append(q.free, r)
 	}
 	q.mu.Unlock()
 	q.inflight.Done()
@@ -365,6 +380,8 @@ func (q *ControllerQueue) release(r *Request) {
 
 // Request is one command received on a ControllerQueue. Its methods may be
 // called from any goroutine; Complete (or Fail) must be called exactly once.
+// Once its completion is sent the queue hands the same Request out for a
+// later command: keep no reference to it after Complete.
 type Request struct {
 	// Cmd is the command (valid until Complete).
 	Cmd nvme.Command
@@ -377,6 +394,7 @@ type Request struct {
 	data     *nprdma.Buffer // host data read, or data for the host
 	dataLen  int
 	readDone chan nprdma.Status
+	timer    *time.Timer  // bounds HostData's wait (made on first use, kept with the Request)
 	state    atomic.Int32 // reqExecuting → reqSent → reqReleased
 }
 
@@ -396,9 +414,11 @@ func (r *Request) InCapsuleData() []byte { return r.icd }
 // HostData returns the data the command moves from the host: the in-capsule
 // data, or the bytes of the host buffer its keyed SGL names, fetched with an
 // RDMA READ into a registered buffer (valid until Complete). A command
-// without data gives nil. It waits for the READ; do not call it on the
-// receive loop.
-func (r *Request) HostData(ctx context.Context) ([]byte, error) {
+// without data gives nil. It waits for the READ, at most timeout (then the
+// error is context.DeadlineExceeded); do not call it on the receive loop.
+// A timer of the Request's bounds the wait rather than a context: it is
+// made once and reused by the commands that get this Request after it.
+func (r *Request) HostData(timeout time.Duration) ([]byte, error) {
 	if r.icd != nil {
 		return r.icd, nil
 	}
@@ -427,16 +447,22 @@ func (r *Request) HostData(ctx context.Context) ([]byte, error) {
 		return nil, r.q.transportError("read host data", err)
 	}
 	r.q.stats.hostReads.Add(1)
+	if r.timer == nil {
+		r.timer = time.NewTimer(timeout)
+	} else {
+		r.timer.Reset(timeout)
+	}
 	select {
 	case st := <-r.readDone:
+		r.timer.Stop() // a stopped timer sends nothing later (Go 1.23 timers)
 		if st != nprdma.StatusSuccess {
 			return nil, r.q.transportError("read host data", fmt.Errorf("RDMA READ of %d bytes at %#x: %s", n, sgl.Address(), st))
 		}
 		return buf.Bytes(), nil
-	case <-ctx.Done():
+	case <-r.timer.C:
 		// The READ may still land in the buffer: keep it until the queue
 		// delivers the completion or goes down (abort releases it).
-		return nil, ctx.Err()
+		return nil, context.DeadlineExceeded
 	}
 }
 
@@ -492,22 +518,28 @@ func (r *Request) Complete(c nvme.Completion) error {
 	}
 	q := r.q
 	c.CID, c.SQID, c.SQHD = r.Cmd.CID, q.qid, r.sqhd
+	// A local array, not an append to a slice: a store through a slice
+	// makes the escape analysis move the SGE and the completion's bytes to
+	// the heap (the provider copies both before PostSend returns).
 	var cqe [nvme.CQESize]byte
-	wrs := make([]nprdma.SendWR, 0, 2)
+	var wrs [2]nprdma.SendWR
+	nwr := 0
 	if c.Status.OK() && r.dataLen > 0 {
 		sgl := r.Cmd.DPTR
 		if !sgl.Keyed() || int(sgl.Length()) < r.dataLen {
 			c = nvme.Completion{CID: c.CID, SQID: c.SQID, SQHD: c.SQHD}
 			c.SetError(nvme.Errorf(nvme.StatusDataSGLLengthInvalid.WithDNR(), "SGL %s cannot take %d bytes", sgl, r.dataLen))
 		} else {
-			wrs = append(wrs, nprdma.SendWR{ID: wrWrite | uint64(r.slot), Op: nprdma.OpWrite,
+			wrs[nwr] = nprdma.SendWR{ID: wrWrite | uint64(r.slot), Op: nprdma.OpWrite,
 				SG:         []nprdma.SGE{r.data.SGE()},
-				RemoteAddr: sgl.Address(), RKey: sgl.Key()})
+				RemoteAddr: sgl.Address(), RKey: sgl.Key()}
+			nwr++
 			q.stats.hostWrites.Add(1)
 		}
 	}
 	c.MarshalTo(cqe[:])
-	wrs = append(wrs, nprdma.SendWR{ID: wrSend | uint64(r.slot), Op: nprdma.OpSend, Inline: true, InlineData: cqe[:], Signaled: true})
+	wrs[nwr] = nprdma.SendWR{ID: wrSend | uint64(r.slot), Op: nprdma.OpSend, Inline: true, InlineData: cqe[:], Signaled: true}
+	nwr++
 	r.icd = nil
 	if q.failedFlag.Load() {
 		r.releaseNow()
@@ -517,7 +549,7 @@ func (r *Request) Complete(c nvme.Completion) error {
 		r.releaseNow()
 		return q.transportError("repost receive", err)
 	}
-	if err := q.qp.PostSend(wrs...); err != nil {
+	if err := q.qp.PostSend(wrs[:nwr]...); err != nil {
 		r.releaseNow()
 		return q.transportError("send completion", err)
 	}

@@ -90,7 +90,7 @@ func (m *memController) handle(r *Request) {
 				r.Fail(err)
 				return
 			}
-			p, err := r.HostData(context.Background())
+			p, err := r.HostData(time.Minute)
 			if err != nil {
 				r.Fail(err)
 				return
