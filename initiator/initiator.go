@@ -48,7 +48,12 @@ const (
 	DefaultQueueDepth     = 128
 	DefaultReconnectDelay = 100 * time.Millisecond
 	maxReconnectDelay     = 2 * time.Second
-	adminEntries          = 32
+	// MaxCommandSessions is how many sessions a command is tried on: the
+	// connection lost under it that many times in a row fails it (with the
+	// last cause) rather than retrying it for ever on a target that drops
+	// every connection it is sent on.
+	MaxCommandSessions = 3
+	adminEntries       = 32
 	// BlockSize is the block size the initiator supports (the target's).
 	BlockSize = 4096
 )
@@ -178,6 +183,8 @@ type Controller struct {
 	changed  chan struct{}
 	lostErr  error // set once lost or closed
 	lossAt   time.Time
+	lostAt   time.Time     // when the controller was declared lost for good
+	lost     chan struct{} // closed then
 	closed   bool
 	bg       sync.WaitGroup
 	rr       atomic.Uint32
@@ -195,6 +202,7 @@ type session struct {
 	maxXfer  int
 	failOnce sync.Once
 	failed   chan struct{}
+	failErr  error // why it failed; set before failed is closed
 
 	mu      sync.Mutex
 	regions map[uint32]*regionInfo
@@ -214,7 +222,7 @@ func Connect(ctx context.Context, dev *nprdma.Device, addr, subNQN string, opts 
 		return nil, err
 	}
 	c := &Controller{cfg: cfg, addr: addr, subNQN: subNQN, dev: dev, pd: dev.AllocPD(),
-		changed: make(chan struct{}), stop: make(chan struct{})}
+		changed: make(chan struct{}), lost: make(chan struct{}), stop: make(chan struct{})}
 	if c.pool, err = nprdma.NewBufferPool(c.pd, fabric.HostAccess); err != nil {
 		c.pd.Close()
 		return nil, fmt.Errorf("initiator: %w", err)
@@ -526,6 +534,7 @@ func (s *session) fail(err error) {
 		if !closed {
 			s.c.cfg.log.Warn("initiator: controller connection lost", "subsystem", s.c.subNQN, "addr", s.c.addr, "cntlid", s.cntlid, "err", err)
 		}
+		s.failErr = err
 		close(s.failed)
 	})
 }
@@ -564,6 +573,7 @@ func (c *Controller) reconnect(old *session) {
 	c.mu.Unlock()
 	old.close(context.Background(), false)
 	delay := c.cfg.reconnectDelay
+	var lastErr error
 	for attempt := 1; ; attempt++ {
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -593,6 +603,7 @@ func (c *Controller) reconnect(old *session) {
 			c.install(s)
 			return
 		}
+		lastErr = err
 		c.cfg.log.Debug("initiator: reconnect failed", "subsystem", c.subNQN, "attempt", attempt, "err", err)
 		if errors.Is(err, ErrHostNotAllowed) {
 			break // access was revoked: retrying cannot help
@@ -604,14 +615,49 @@ func (c *Controller) reconnect(old *session) {
 		}
 		delay = min(2*delay, maxReconnectDelay)
 	}
+	// The causes are text, not wrapped: a lost controller's error must not
+	// match fabric.ErrQueueFailed, which callers retry.
+	why := fmt.Sprintf("not reconnected within %v", c.cfg.lossTimeout)
+	if errors.Is(lastErr, ErrHostNotAllowed) {
+		why = "the target refused this host on reconnect"
+	}
+	if old.failErr != nil {
+		why += fmt.Sprintf("; the connection was lost: %v", old.failErr)
+	}
+	if lastErr != nil {
+		why += fmt.Sprintf("; last reconnect attempt: %v", lastErr)
+	}
 	c.mu.Lock()
+	declared := false
 	if c.lostErr == nil {
-		c.lostErr = fmt.Errorf("%w: %s at %s: not reconnected within %v", ErrControllerLost, c.subNQN, c.addr, c.cfg.lossTimeout)
+		c.lostErr = fmt.Errorf("%w: %s at %s: %s", ErrControllerLost, c.subNQN, c.addr, why)
+		c.lostAt = time.Now()
+		close(c.lost)
+		declared = true
 	}
 	close(c.changed)
 	c.changed = make(chan struct{})
 	c.mu.Unlock()
-	c.cfg.log.Error("initiator: controller lost", "subsystem", c.subNQN, "addr", c.addr, "timeout", c.cfg.lossTimeout)
+	if declared {
+		c.cfg.log.Error("initiator: controller lost", "subsystem", c.subNQN, "addr", c.addr, "timeout", c.cfg.lossTimeout, "why", why)
+	}
+}
+
+// Lost is closed once the controller is lost for good: not reconnected
+// within the controller-loss timeout, or refused by the target on
+// reconnect. Its I/O fails with ErrControllerLost from then on. Closing the
+// controller does not close it.
+func (c *Controller) Lost() <-chan struct{} { return c.lost }
+
+// Loss says since when the controller has been lost for good and why (the
+// error its I/O fails with); a zero time and nil while it is not lost.
+func (c *Controller) Loss() (since time.Time, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lostAt.IsZero() {
+		return time.Time{}, nil
+	}
+	return c.lostAt, c.lostErr
 }
 
 // current returns the live session, waiting while a reconnect is under way
@@ -647,9 +693,12 @@ func (c *Controller) current(ctx context.Context) (*session, error) {
 }
 
 // do runs fn on the live session; a transport failure fails the session
-// and fn runs again on the next one (block commands are idempotent).
+// and fn runs again on the next one, on at most MaxCommandSessions
+// sessions. Only a transport failure is retried, once per new session: the
+// lost attempt may have been executed, which block commands tolerate (they
+// are idempotent); any other error, or ctx ending, is returned as is.
 func (c *Controller) do(ctx context.Context, fn func(s *session) error) error {
-	for {
+	for sessions := 1; ; sessions++ {
 		s, err := c.current(ctx)
 		if err != nil {
 			return err
@@ -659,13 +708,15 @@ func (c *Controller) do(ctx context.Context, fn func(s *session) error) error {
 			return err
 		}
 		s.fail(err)
-		select {
-		case <-s.failed:
-		case <-ctx.Done():
-			return ctx.Err()
+		if sessions >= MaxCommandSessions {
+			return fmt.Errorf("initiator: %s at %s: giving up: the connection was lost under the command on %d sessions in a row; the last time: %w",
+				c.subNQN, c.addr, sessions, err)
 		}
 		// Wait until supervise has taken the session down, then retry.
 		c.waitReplaced(ctx, s)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +29,56 @@ type Namespace struct {
 
 	changed  atomic.Pointer[error]   // set for good once the target serves another namespace under nsid
 	verified atomic.Pointer[session] // the session in which the identity was last checked
+
+	durability durability
+}
+
+// Unflushed is what a namespace acknowledged that no successful Flush has
+// covered yet: completed writes without FUA, trims and write-zeroes, which
+// the target may hold in its volatile cache only.
+type Unflushed struct {
+	Commands int64 // writes, trims and write-zeroes
+	Bytes    int64 // the bytes they changed
+}
+
+// durability counts the changes acknowledged and those a successful Flush
+// covered. A Flush covers what completed before it was sent, so it takes
+// its snapshot then; one that fails covers nothing.
+type durability struct {
+	mu      sync.Mutex
+	acked   Unflushed // cumulative
+	flushed Unflushed // the acked snapshot of the latest successful Flush
+}
+
+func (d *durability) changed(bytes int64) {
+	d.mu.Lock()
+	d.acked.Commands++
+	d.acked.Bytes += bytes
+	d.mu.Unlock()
+}
+
+func (d *durability) snapshot() Unflushed {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.acked
+}
+
+func (d *durability) covered(upTo Unflushed) {
+	d.mu.Lock()
+	if upTo.Commands > d.flushed.Commands {
+		d.flushed = upTo
+	}
+	d.mu.Unlock()
+}
+
+// Unflushed reports the changes the namespace acknowledged since the
+// snapshot of its last successful Flush: what a lost controller may have
+// lost. A FUA write is durable when acknowledged and is not counted.
+func (n *Namespace) Unflushed() Unflushed {
+	d := &n.durability
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return Unflushed{Commands: d.acked.Commands - d.flushed.Commands, Bytes: d.acked.Bytes - d.flushed.Bytes}
 }
 
 var _ blockio.Backend = (*Namespace)(nil)
@@ -338,6 +389,9 @@ func (n *Namespace) write(p []byte, off int64, flags nvme.IOFlag) (int, error) {
 				return fmt.Errorf("initiator: write namespace %d [%d, +%d): %w", n.nsid, off+int64(done), k, err)
 			}
 			n.c.ctr.writes.Add(1)
+			if flags&nvme.FUA == 0 {
+				n.durability.changed(int64(k))
+			}
 			n.c.observe(opWrite, time.Since(start))
 			return nil
 		})
@@ -354,9 +408,11 @@ func (n *Namespace) Flush() error {
 	ctx := context.Background()
 	return n.do(ctx, func(s *session) error {
 		start := time.Now()
+		upTo := n.durability.snapshot()
 		if _, err := s.ioQueue(n.c).Submit(ctx, nvme.FlushCommand(n.nsid), nil); err != nil {
 			return fmt.Errorf("initiator: flush namespace %d: %w", n.nsid, err)
 		}
+		n.durability.covered(upTo)
 		n.c.ctr.flushes.Add(1)
 		n.c.observe(opFlush, time.Since(start))
 		return nil
@@ -394,6 +450,7 @@ func (n *Namespace) Trim(off, length int64) error {
 				return fmt.Errorf("initiator: trim namespace %d: %w", n.nsid, err)
 			}
 			n.c.ctr.trims.Add(1)
+			n.durability.changed(batchBytes(batch))
 			n.c.observe(opTrim, time.Since(start))
 			return nil
 		})
@@ -402,6 +459,14 @@ func (n *Namespace) Trim(off, length int64) error {
 		}
 	}
 	return nil
+}
+
+func batchBytes(ranges []nvme.DSMRange) int64 {
+	var b int64
+	for _, r := range ranges {
+		b += int64(r.Blocks) * BlockSize
+	}
+	return b
 }
 
 // WriteZeroes makes [off, off+length) read zeros (Write Zeroes with
@@ -423,6 +488,7 @@ func (n *Namespace) WriteZeroes(off, length int64) error {
 				return fmt.Errorf("initiator: write zeroes namespace %d: %w", n.nsid, err)
 			}
 			n.c.ctr.writeZeroes.Add(1)
+			n.durability.changed(int64(k) * BlockSize)
 			n.c.observe(opWriteZeroes, time.Since(start))
 			return nil
 		})

@@ -219,6 +219,7 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 	case pending = <-interrupted:
 	default:
 	}
+	lost := a.ctrl.Lost()
 	for {
 		force := false
 		var cause string
@@ -237,6 +238,13 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 			case err := <-a.serveErr:
 				a.serving--
 				force, cause = true, fmt.Sprintf("NBD server stopped: %v", err)
+			case <-lost:
+				// Serve on (its I/O fails with EIO) until detached, but
+				// let list say so.
+				lost = nil
+				a.noteLoss()
+				a.say("%s: controller lost; its I/O fails with EIO until it is detached: %s", req.name, a.rec.LostReason)
+				continue
 			}
 		}
 		mode := "detaching"
@@ -268,6 +276,10 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 		}
 		if a.rec.LogFile != "" {
 			os.Remove(a.rec.LogFile) // a clean run leaves nothing behind
+		}
+		if a.rec.State == attach.StateLost {
+			a.say("detached %s: its controller had been lost since %s; nothing it acknowledged was left unflushed", req.name, a.rec.LostSince.Local().Format(time.DateTime))
+			return nil
 		}
 		a.say("detached %s", req.name)
 		return nil
@@ -336,10 +348,14 @@ func (a *attachment) setUp(ctx context.Context) error {
 }
 
 func (a *attachment) serveNBD(ctx context.Context, backend blockio.Backend, reg *prometheus.Registry) error {
+	log, err := newLogger(a.cc)
+	if err != nil {
+		return err
+	}
 	opts := []nbd.Option{nbd.WithExportName(a.req.name), nbd.WithDescription(fmt.Sprintf("nprdma %s namespace %d", a.rec.NQN, a.rec.NSID)),
 		// One Flush covers every connection's writes: they all go to the
 		// one namespace of the one controller.
-		nbd.WithMultiConn(true)}
+		nbd.WithMultiConn(true), nbd.WithLogger(log)}
 	if reg != nil {
 		opts = append(opts, nbd.WithRegisterer(reg))
 	}
@@ -405,7 +421,9 @@ func (a *attachment) tearDown(force bool) (refused bool, err error) {
 			if mounted, _ := attach.IsMountPoint(a.fuse.MountPoint()); mounted && !force {
 				return true, err
 			}
-			errs = append(errs, err)
+			if err := a.finalFlushError(err); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		a.fuse = nil
 		if err := os.Remove(a.req.dir.MountDir(a.req.name)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -421,7 +439,9 @@ func (a *attachment) tearDown(force bool) (refused bool, err error) {
 		}
 		a.srv = nil
 		if err := a.ns.Flush(); err != nil {
-			errs = append(errs, fmt.Errorf("final flush: %w", err))
+			if err := a.finalFlushError(err); err != nil {
+				errs = append(errs, fmt.Errorf("final flush: %w", err))
+			}
 		}
 	}
 	if a.metrics != nil {
@@ -429,6 +449,7 @@ func (a *attachment) tearDown(force bool) (refused bool, err error) {
 		a.metrics = nil
 	}
 	if a.ctrl != nil {
+		a.noteLoss()
 		a.stats = a.ctrl.Stats()
 		if err := a.ctrl.Close(); err != nil && !errors.Is(err, initiator.ErrClosed) {
 			errs = append(errs, err)
@@ -437,6 +458,40 @@ func (a *attachment) tearDown(force bool) (refused bool, err error) {
 		a.ctrl = nil
 	}
 	return false, errors.Join(errs...)
+}
+
+// finalFlushError judges a failed final flush. A controller lost for good
+// cannot flush, but that loses nothing unless the namespace acknowledged
+// writes (or trims) that no successful flush covered: only those may have
+// stayed in the target's volatile cache. nil means nothing was lost.
+func (a *attachment) finalFlushError(err error) error {
+	if a.ns == nil || !errors.Is(err, initiator.ErrControllerLost) {
+		return err
+	}
+	u := a.ns.Unflushed()
+	if u.Commands == 0 {
+		a.say("%s: the final flush failed, but nothing acknowledged was left unflushed: %v", a.req.name, err)
+		return nil
+	}
+	what := fmt.Sprintf("%d writes or trims", u.Commands)
+	if u.Commands == 1 {
+		what = "1 write or trim"
+	}
+	return fmt.Errorf("%s (%s) that the initiator acknowledged since its last successful flush could not be flushed and may be lost: %w",
+		what, humanSize(u.Bytes), err)
+}
+
+// noteLoss records in the record that the controller is lost for good, if
+// it is, so that list and detach can say since when and why.
+func (a *attachment) noteLoss() {
+	since, err := a.ctrl.Loss()
+	if err == nil || a.rec.State == attach.StateLost {
+		return
+	}
+	a.rec.State, a.rec.LostSince, a.rec.LostReason = attach.StateLost, since.UTC().Truncate(time.Second), err.Error()
+	if err := a.req.dir.Save(a.rec); err != nil {
+		a.say("%v", err)
+	}
 }
 
 // announce prints what to use: one sentence, or the record as JSON; and, in

@@ -67,6 +67,7 @@ const (
 // cliEnv is a target in this process and a run directory for the CLI.
 type cliEnv struct {
 	t      *testing.T
+	tg     *target.Target
 	addr   string
 	reg    *prometheus.Registry
 	runDir string
@@ -101,7 +102,7 @@ func newCLIEnv(t *testing.T) *cliEnv {
 	if err := tg.Start(); err != nil {
 		t.Fatal(err)
 	}
-	e.addr = tg.Addr()
+	e.tg, e.addr = tg, tg.Addr()
 	e.runDir = filepath.Join(dir, "run")
 	t.Cleanup(e.cleanUp)
 	return e
@@ -110,7 +111,7 @@ func newCLIEnv(t *testing.T) *cliEnv {
 // cleanUp detaches whatever a failed test left attached; processes that
 // do not go are killed (they are this test's own).
 func (e *cliEnv) cleanUp() {
-	d, err := attach.OpenDir(e.runDir)
+	d, err := attach.DirAt(e.runDir)
 	if err != nil {
 		return
 	}
@@ -218,7 +219,7 @@ func (e *cliEnv) assertGone(rec attach.Record) {
 	if rec.Process().Alive() {
 		e.t.Errorf("%s: attach process %d still running", rec.Name, rec.PID)
 	}
-	d, _ := attach.OpenDir(e.runDir)
+	d, _ := attach.DirAt(e.runDir)
 	if _, err := d.Load(rec.Name); !errors.Is(err, os.ErrNotExist) {
 		e.t.Errorf("%s: record left: %v", rec.Name, err)
 	}
@@ -658,7 +659,7 @@ func TestAttachDaemonFailureIsReported(t *testing.T) {
 	if err == nil || !strings.Contains(stderr, "attach bad failed") || !strings.Contains(stderr, "no-such-subsystem") {
 		t.Fatalf("attach --daemon to an unknown subsystem: %v\n%s", err, stderr)
 	}
-	d, _ := attach.OpenDir(e.runDir)
+	d, _ := attach.DirAt(e.runDir)
 	if recs, _ := d.List(); len(recs) != 0 {
 		t.Errorf("records left: %+v", recs)
 	}

@@ -22,7 +22,9 @@ func detachCommand() *cli.Command {
 			"attachment is mounted, detach refuses and names the mount point; --force has the attach process\n" +
 			"unmount it first (lazily if busy: the filesystem disappears from view at once and its open files\n" +
 			"fail) and abort FUSE users, by sending SIGUSR1 instead. An attachment whose process is gone is\n" +
-			"cleaned up (dead FUSE mount, stale socket) and its record removed.",
+			"cleaned up (dead FUSE mount, stale socket) and its record removed. An attachment whose controller\n" +
+			"is lost (see list) is detached like the others and says so; detach fails only if the namespace had\n" +
+			"acknowledged writes that no flush covered, which may be lost, and says how many.",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "detach every attachment"},
 			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "unmount a mounted loop device (lazily if busy) and abort users of the FUSE file instead of refusing"},
@@ -34,7 +36,7 @@ func detachCommand() *cli.Command {
 }
 
 func detachAction(cc *cli.Context) error {
-	dir, err := attach.OpenDir(cc.String("run-dir"))
+	dir, err := attach.DirAt(cc.String("run-dir"))
 	if err != nil {
 		return err
 	}
@@ -107,9 +109,16 @@ func detachOne(cc *cli.Context, dir *attach.Dir, rec attach.Record) error {
 		}
 		return fmt.Errorf("detach %s: %w", rec.Name, err)
 	}
+	// The controller may be found lost during the teardown too: the last
+	// record seen says so.
+	lost := rec
 	deadline := time.Now().Add(cc.Duration("timeout"))
 	for proc.Alive() {
-		if cur, err := dir.Load(rec.Name); err == nil && cur.PID == rec.PID && cur.DetachAttempts > attempts {
+		cur, err := dir.Load(rec.Name)
+		if err == nil && cur.PID == rec.PID && cur.State == attach.StateLost {
+			lost = cur
+		}
+		if err == nil && cur.PID == rec.PID && cur.DetachAttempts > attempts {
 			return fmt.Errorf("detach %s: the attach process (pid %d) refused: %s", rec.Name, rec.PID, cur.DetachError)
 		}
 		if time.Now().After(deadline) {
@@ -125,6 +134,13 @@ func detachOne(cc *cli.Context, dir *attach.Dir, rec attach.Record) error {
 	// that is left says the teardown failed.
 	cur, err := dir.Load(rec.Name)
 	if errors.Is(err, os.ErrNotExist) || (err == nil && cur.PID != rec.PID) {
+		if lost.State == attach.StateLost {
+			// Its teardown fails when it leaves acknowledged writes
+			// unflushed: it succeeded, so nothing was lost.
+			say("detached %s (%s); its controller had been lost since %s; nothing it acknowledged was left unflushed",
+				rec.Name, rec.Use(), lost.LostSince.Local().Format(time.DateTime))
+			return nil
+		}
 		say("detached %s (%s)", rec.Name, rec.Use())
 		return nil
 	}

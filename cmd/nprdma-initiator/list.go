@@ -15,9 +15,12 @@ import (
 func listCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "list",
-		Usage: "show what is attached: name, mode, device or NBD URI, target, namespace, process",
-		Description: "Reads the attachment records of the run directory. A record whose attach process is gone\n" +
-			"(killed, crashed) is dropped, saying so, after cleaning up what it left (dead FUSE mount, stale socket).",
+		Usage: "show what is attached: name, mode, state (attached, lost), device or NBD URI, target, namespace, process",
+		Description: "Reads the attachment records of the run directory (creating nothing). STATE is starting, attached or\n" +
+			"lost: the target stayed unreachable past the controller-loss timeout (or refused this host), so the\n" +
+			"attachment's I/O fails with EIO; a line under the table says since when and why. A record whose attach\n" +
+			"process is gone (killed, crashed) is dropped, saying so, after cleaning up what it left (dead FUSE mount,\n" +
+			"stale socket).",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print a JSON array of the attachment records instead of a table"},
 			runDirFlag(),
@@ -27,7 +30,7 @@ func listCommand() *cli.Command {
 }
 
 func listAction(cc *cli.Context) error {
-	dir, err := attach.OpenDir(cc.String("run-dir"))
+	dir, err := attach.DirAt(cc.String("run-dir"))
 	if err != nil {
 		return err
 	}
@@ -63,17 +66,25 @@ func printAttachments(w io.Writer, recs []attach.Record, now time.Time) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tMODE\tUSE\tTARGET\tSUBSYSTEM\tNSID\tSIZE\tPID\tUP")
+	fmt.Fprintln(tw, "NAME\tMODE\tSTATE\tUSE\tTARGET\tSUBSYSTEM\tNSID\tSIZE\tPID\tUP")
+	var lost []attach.Record
 	for _, r := range recs {
 		use := r.Use()
-		if r.State != attach.StateAttached {
-			use = "(" + r.State + ")"
+		if use == "" {
+			use = "-"
 		}
 		if r.DetachError != "" {
 			use += " (detach refused: " + r.DetachError + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Name, r.Mode, use, r.Target, r.NQN, r.NSID,
+		if r.State == attach.StateLost {
+			lost = append(lost, r)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Name, r.Mode, r.State, use, r.Target, r.NQN, r.NSID,
 			humanSize(r.Size), strconv.Itoa(r.PID), now.Sub(r.Started).Truncate(time.Second))
 	}
 	tw.Flush()
+	for _, r := range lost {
+		fmt.Fprintf(w, "%s: controller lost since %s (%s ago); its I/O fails with EIO: %s\n", r.Name,
+			r.LostSince.Local().Format(time.DateTime), now.Sub(r.LostSince).Truncate(time.Second), r.LostReason)
+	}
 }

@@ -47,13 +47,23 @@ func newApp() *cli.App {
 	}
 }
 
-// hostOptions are the initiator options the global flags select.
-func hostOptions(cc *cli.Context) ([]initiator.Option, error) {
+// newLogger is the log of the initiator and the NBD server: stderr, at
+// --log-level.
+func newLogger(cc *cli.Context) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(cc.String("log-level"))); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", cc.String("log-level"))
 	}
-	opts := []initiator.Option{initiator.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})))}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// hostOptions are the initiator options the global flags select.
+func hostOptions(cc *cli.Context) ([]initiator.Option, error) {
+	log, err := newLogger(cc)
+	if err != nil {
+		return nil, err
+	}
+	opts := []initiator.Option{initiator.WithLogger(log)}
 	if f := cc.String("hostid-file"); f != "" {
 		opts = append(opts, initiator.WithStateFile(f))
 	}

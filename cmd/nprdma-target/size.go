@@ -17,13 +17,14 @@ var sizeUnits = []struct {
 }
 
 // parseSize reads "4GiB", "512MiB", "1G" (binary), "1GB" (decimal) or a
-// plain number of bytes.
+// plain number of bytes. Units are matched in any case ("1gib", "4k"), as
+// people type them; no two units differ only in case.
 func parseSize(s string) (int64, error) {
 	t := strings.TrimSpace(s)
 	mult := int64(1)
 	for _, u := range sizeUnits {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+		if n := len(t) - len(u.suffix); n >= 0 && strings.EqualFold(t[n:], u.suffix) {
+			t, mult = strings.TrimSpace(t[:n]), u.mult
 			break
 		}
 	}
@@ -32,7 +33,7 @@ func parseSize(s string) (int64, error) {
 	plain := t != "" && strings.Trim(t, "0123456789.") == ""
 	v, err := strconv.ParseFloat(t, 64)
 	if !plain || err != nil || v < 0 {
-		return 0, fmt.Errorf("size %q: want a number with an optional unit (KiB, MiB, GiB, TiB; K, M, G, T; KB, MB, GB, TB)", s)
+		return 0, fmt.Errorf("size %q: want a number with an optional unit (KiB, MiB, GiB, TiB; K, M, G, T; KB, MB, GB, TB; any case)", s)
 	}
 	n := v * float64(mult)
 	if n > 1<<62 {

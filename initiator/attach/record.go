@@ -50,6 +50,10 @@ func ParseMode(s string) (Mode, error) {
 const (
 	StateStarting = "starting" // claimed, connecting and setting up
 	StateAttached = "attached" // serving
+	// StateLost: the controller is lost for good (the target stayed
+	// unreachable past the controller-loss timeout, or refused the host on
+	// reconnect); the process still serves, but its I/O fails with EIO.
+	StateLost = "lost"
 )
 
 // Record describes one attachment. The attach process writes it; list and
@@ -83,6 +87,11 @@ type Record struct {
 
 	MetricsAddr string `json:"metrics_addr,omitempty"`
 	LogFile     string `json:"log_file,omitempty"`
+
+	// LostSince and LostReason say, in StateLost, when the controller was
+	// declared lost and why.
+	LostSince  time.Time `json:"lost_since,omitzero"`
+	LostReason string    `json:"lost_reason,omitempty"`
 
 	// DetachAttempts counts teardown requests the process refused (e.g. the
 	// loop device was mounted); DetachError says why the last one failed.
@@ -161,17 +170,28 @@ type Dir struct {
 	root string
 }
 
-// OpenDir opens (creating if needed) the run directory root.
+// OpenDir opens (creating if needed) the run directory root: for attach,
+// which writes there.
 func OpenDir(root string) (*Dir, error) {
+	d, err := DirAt(root)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(d.root, "attach"), 0o755); err != nil {
+		return nil, fmt.Errorf("run directory: %w", err)
+	}
+	return d, nil
+}
+
+// DirAt is the run directory root, which need not exist: for list and
+// detach, which must not create it. A missing directory holds no records.
+func DirAt(root string) (*Dir, error) {
 	if root == "" {
 		return nil, errors.New("run directory: empty path")
 	}
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		return nil, fmt.Errorf("run directory %s: %w", root, err)
-	}
-	if err := os.MkdirAll(filepath.Join(abs, "attach"), 0o755); err != nil {
-		return nil, fmt.Errorf("run directory: %w", err)
 	}
 	return &Dir{root: abs}, nil
 }
@@ -322,9 +342,13 @@ func (d *Dir) Load(name string) (Record, error) {
 }
 
 // List returns every record, sorted by name. Records that cannot be read
-// are reported in the error (the others are still returned).
+// are reported in the error (the others are still returned). A run
+// directory that does not exist has none.
 func (d *Dir) List() ([]Record, error) {
 	entries, err := os.ReadDir(filepath.Join(d.root, "attach"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("run directory: %w", err)
 	}

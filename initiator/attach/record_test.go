@@ -384,3 +384,36 @@ func TestMountQueries(t *testing.T) {
 		t.Errorf("MountPointsOf(/dev/null): %v", err)
 	}
 }
+
+// TestDirAtCreatesNothing: a run directory opened for reading (list,
+// detach) that does not exist has no records, finds nothing, and is not
+// created; one with a record shows it, lost state included.
+func TestDirAtCreatesNothing(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "run")
+	d, err := DirAt(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if recs, err := d.List(); err != nil || len(recs) != 0 {
+		t.Fatalf("List of a missing run directory: %v, %v", recs, err)
+	}
+	if _, err := d.Find("x"); err == nil || !strings.Contains(err.Error(), `no attachment named "x"`) {
+		t.Fatalf("Find in a missing run directory: %v", err)
+	}
+	if _, err := os.Stat(root); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the run directory was created: %v", err)
+	}
+	w, err := OpenDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := liveRecord(t, "a")
+	rec.State, rec.LostSince, rec.LostReason = StateLost, time.Date(2026, 11, 21, 14, 0, 0, 0, time.UTC), "not reconnected within 30s"
+	if err := w.Claim(rec); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := d.List()
+	if err != nil || len(recs) != 1 || recs[0].State != StateLost || !recs[0].LostSince.Equal(rec.LostSince) || recs[0].LostReason != rec.LostReason {
+		t.Fatalf("List: %+v, %v", recs, err)
+	}
+}

@@ -237,9 +237,10 @@ func (g *serveGroup) isStopping() bool {
 // Serve accepts connections on ln until ctx is done or Close is called, then
 // shuts down gracefully: it stops accepting, stops reading new requests,
 // lets the requests in flight complete and send their replies, closes the
-// connections, and returns once they are gone. It closes ln. Serve may be
-// called for several listeners at once (a unix socket and a loopback TCP
-// port).
+// connections (one still in use after a flush of the backend, logging a
+// warning that names its client), and returns once they are gone. It
+// closes ln. Serve may be called for several listeners at once (a unix
+// socket and a loopback TCP port).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	g := &serveGroup{ln: ln, conns: make(map[*conn]struct{})}
 	s.mu.Lock()
@@ -343,9 +344,35 @@ type outbox struct {
 func (s *Server) newConn(nc net.Conn, rw io.ReadWriter, closer io.Closer) *conn {
 	c := &conn{s: s, nc: nc, r: bufio.NewReaderSize(rw, 64<<10), w: rw, closer: closer, log: s.cfg.logger}
 	if nc != nil {
-		c.log = c.log.With("remote", fmt.Sprint(nc.RemoteAddr()))
+		c.log = c.log.With("client", clientName(nc))
 	}
 	return c
+}
+
+// clientName names the client of nc for the log: its TCP address or, as the
+// clients of a unix socket have no address, its process (SO_PEERCRED) and
+// the socket.
+func clientName(nc net.Conn) string {
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		return fmt.Sprint(nc.RemoteAddr())
+	}
+	if a, ok := uc.RemoteAddr().(*net.UnixAddr); ok && a != nil && a.Name != "" && a.Name != "@" {
+		return a.Name // a client that bound its socket
+	}
+	local := fmt.Sprint(uc.LocalAddr())
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return "unix:" + local
+	}
+	var cred *syscall.Ucred
+	raw.Control(func(fd uintptr) {
+		cred, err = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	})
+	if err != nil || cred == nil {
+		return "unix:" + local
+	}
+	return fmt.Sprintf("pid %d (uid %d) on unix:%s", cred.Pid, cred.Uid, local)
 }
 
 // shutdown makes the connection stop reading requests; requests in flight
@@ -376,8 +403,28 @@ func (c *conn) serve() {
 	c.s.metrics.handshake("transmission")
 	c.s.metrics.connected(1)
 	defer c.s.metrics.connected(-1)
-	if err := c.transmit(); err != nil && !c.stopping.Load() {
+	err := c.transmit()
+	switch {
+	case err != nil && c.stopping.Load():
+		c.closeForShutdown()
+	case err != nil:
 		c.log.Info("nbd: connection dropped", "err", err)
+	}
+}
+
+// closeForShutdown is the end of a connection the server's shutdown cut
+// while the client was still connected: the client gets no warning in the
+// protocol, so the log names it. Its requests in flight have replied; a
+// flush makes the writes they acknowledged durable before the connection
+// closes (serve closes it on return).
+func (c *conn) closeForShutdown() {
+	if c.s.cfg.readOnly {
+		c.log.Warn("nbd: server shutting down: closing a connected client's connection")
+		return
+	}
+	c.log.Warn("nbd: server shutting down: closing a connected client's connection after a flush")
+	if err := c.s.backend.Flush(); err != nil {
+		c.log.Warn("nbd: flush before closing the client's connection failed", "err", err)
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -612,6 +614,79 @@ func TestCloseFinishesInFlightRequests(t *testing.T) {
 		t.Fatalf("Serve after Close: %v", err)
 	}
 	waitGoroutines(t, baseline)
+}
+
+// flushGatedBackend blocks flushes until the gate opens.
+type flushGatedBackend struct {
+	blockio.Backend
+	gate    chan struct{}
+	waiting chan struct{}
+}
+
+func (g *flushGatedBackend) Flush() error {
+	g.waiting <- struct{}{}
+	<-g.gate
+	return g.Backend.Flush()
+}
+
+// TestCloseWarnsAndFlushesBeforeDroppingAClient: a client still connected
+// when the server shuts down is named in a warning (for a unix socket: its
+// process), and its connection closes only after a flush of the backend.
+func TestCloseWarnsAndFlushesBeforeDroppingAClient(t *testing.T) {
+	mem := blockio.NewMemory(testExportSize, testBlock)
+	fb := &flushGatedBackend{Backend: mem, gate: make(chan struct{}), waiting: make(chan struct{}, 4)}
+	logBuf := &lockedBuffer{b: &bytes.Buffer{}}
+	log := slog.New(slog.NewTextHandler(logBuf, nil))
+	ts := startServer(t, fb, WithLogger(log))
+	c := dial(t, ts.addr, true)
+	if rep := c.do(Request{Type: CmdWrite, Offset: 0, Length: testBlock}, pattern(testBlock, 9)); rep.errno != 0 {
+		t.Fatalf("write: errno %d", rep.errno)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- ts.srv.Close() }()
+	select {
+	case <-fb.waiting:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no flush while closing a connected client; log:\n%s", logBuf.String())
+	}
+	// The flush is under way: the connection is still open.
+	c.conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, err := c.r.ReadByte(); closedByServer(err) {
+		t.Fatal("the connection closed before the flush completed")
+	}
+	close(fb.gate)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.r.ReadByte(); !closedByServer(err) {
+		t.Fatalf("connection not closed: %v", err)
+	}
+	c.conn.Close()
+	out := logBuf.String()
+	for _, want := range []string{"level=WARN", "closing a connected client's connection after a flush",
+		fmt.Sprintf("pid %d (uid %d) on unix:%s", os.Getpid(), os.Getuid(), ts.path)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func TestServeStopsOnContextCancel(t *testing.T) {

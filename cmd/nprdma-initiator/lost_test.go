@@ -1,0 +1,251 @@
+package main
+
+// Tests of what the user sees when things go wrong: a controller lost for
+// good (list, detach), a client cut off by a teardown, a run directory that
+// does not exist.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nprdma/nprdma/initiator/attach"
+	"github.com/nprdma/nprdma/initiator/nbd"
+)
+
+// nbdTestConn is the least of an NBD client: the NBD_OPT_EXPORT_NAME
+// handshake, simple replies, writes.
+type nbdTestConn struct {
+	t *testing.T
+	c net.Conn
+	r *bufio.Reader
+}
+
+func dialNBD(t *testing.T, socket, export string) *nbdTestConn {
+	t.Helper()
+	c, err := net.DialTimeout("unix", socket, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(time.Minute))
+	n := &nbdTestConn{t: t, c: c, r: bufio.NewReader(c)}
+	hello := make([]byte, 18) // NBDMAGIC, IHAVEOPT, handshake flags
+	if _, err := io.ReadFull(n.r, hello); err != nil || string(hello[:16]) != "NBDMAGICIHAVEOPT" {
+		t.Fatalf("NBD greeting %q: %v", hello, err)
+	}
+	msg := binary.BigEndian.AppendUint32(nil, 3) // fixed newstyle, no zeroes
+	msg = append(msg, "IHAVEOPT"...)
+	msg = binary.BigEndian.AppendUint32(msg, nbd.OptExportName)
+	msg = binary.BigEndian.AppendUint32(msg, uint32(len(export)))
+	msg = append(msg, export...)
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(n.r, make([]byte, 10)); err != nil { // size, transmission flags
+		t.Fatalf("NBD export %q: %v", export, err)
+	}
+	return n
+}
+
+func (n *nbdTestConn) write(off int64, p []byte) {
+	n.t.Helper()
+	req := nbd.AppendRequest(nil, nbd.Request{Type: nbd.CmdWrite, Cookie: 1, Offset: uint64(off), Length: uint32(len(p))})
+	if _, err := n.c.Write(append(req, p...)); err != nil {
+		n.t.Fatal(err)
+	}
+	rep := make([]byte, 16)
+	if _, err := io.ReadFull(n.r, rep); err != nil {
+		n.t.Fatal(err)
+	}
+	if magic, errno := binary.BigEndian.Uint32(rep), binary.BigEndian.Uint32(rep[4:]); magic != 0x67446698 || errno != 0 {
+		n.t.Fatalf("NBD write: reply magic %#x, error %d", magic, errno)
+	}
+}
+
+func (n *nbdTestConn) disconnect() {
+	n.c.Write(nbd.AppendRequest(nil, nbd.Request{Type: nbd.CmdDisc, Cookie: 2}))
+	n.c.Close()
+}
+
+// TestLostAttachmentIsListedAndDetached: once the target stays away past
+// the controller-loss timeout, list shows the attachments as lost, with
+// since when and why, in the table and in --json. detach of one that had
+// nothing unflushed succeeds, saying the controller had been lost; detach
+// of one holding a write it acknowledged but never flushed fails, saying
+// so. Before, list showed them attached and both detaches failed alike.
+func TestLostAttachmentIsListedAndDetached(t *testing.T) {
+	e := newCLIEnv(t)
+	loss := []string{"--mode", "nbd", "--ctrl-loss-timeout", "2s", "--keep-alive", "1s"}
+	clean := e.attachDaemon("lost-clean", loss...)
+	dirty := e.attachDaemon("lost-dirty", loss...)
+	lostOnes := []attach.Record{clean, dirty}
+	var fuse *attach.Record // where the machine allows it: the fuse mode's teardown flushes elsewhere
+	if canLoop() {
+		r := e.attachDaemon("lost-fuse", "--mode", "fuse", "--ctrl-loss-timeout", "2s", "--keep-alive", "1s")
+		fuse, lostOnes = &r, append(lostOnes, r)
+	}
+	c := dialNBD(t, dirty.Socket, dirty.Name)
+	c.write(0, bytes.Repeat([]byte{0xa5}, 4096)) // acknowledged, never flushed
+	c.disconnect()
+
+	e.tg.Close()
+	var listed []attach.Record
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		out, _ := e.mustRun("list", "--json")
+		if err := json.Unmarshal([]byte(out), &listed); err != nil {
+			t.Fatalf("list --json: %v\n%s", err, out)
+		}
+		lost := 0
+		for _, r := range listed {
+			if r.State == attach.StateLost {
+				lost++
+			}
+		}
+		if lost == len(lostOnes) && len(listed) == len(lostOnes) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not listed as lost long after the loss timeout:\n%s", out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, r := range listed {
+		if r.LostSince.IsZero() || time.Since(r.LostSince) > time.Minute || !strings.Contains(r.LostReason, "not reconnected within 2s") {
+			t.Errorf("list --json: %s lost since %v: %q", r.Name, r.LostSince, r.LostReason)
+		}
+	}
+	out, _ := e.mustRun("list")
+	for _, r := range lostOnes {
+		if !strings.Contains(out, r.Name+": controller lost since ") || !strings.Contains(out, "not reconnected within 2s") {
+			t.Errorf("list does not say since when and why %s is lost:\n%s", r.Name, out)
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, r.Name+" ") && !strings.Contains(l, " lost ") {
+				t.Errorf("list line of %s does not say lost:\n%s", r.Name, out)
+			}
+		}
+	}
+
+	_, stderr, err := e.run("detach", clean.Name)
+	if err != nil || !strings.Contains(stderr, "detached lost-clean") || !strings.Contains(stderr, "controller had been lost since") {
+		t.Errorf("detach of a lost attachment with nothing unflushed: %v\n%s", err, stderr)
+	}
+	e.assertGone(clean)
+	if fuse != nil {
+		_, stderr, err := e.run("detach", fuse.LoopDevice)
+		if err != nil || !strings.Contains(stderr, "detached lost-fuse") || !strings.Contains(stderr, "controller had been lost since") {
+			t.Errorf("detach of a lost fuse attachment with nothing unflushed: %v\n%s", err, stderr)
+		}
+		e.assertGone(*fuse)
+	}
+
+	_, stderr, err = e.run("detach", dirty.Name)
+	if err == nil || !strings.Contains(stderr, "1 write or trim (4 KiB)") || !strings.Contains(stderr, "could not be flushed") {
+		t.Errorf("detach of a lost attachment holding an unflushed write: %v\n%s", err, stderr)
+	}
+	os.Remove(dirty.LogFile) // kept by design after a failed teardown
+	e.assertGone(dirty)
+}
+
+// TestSIGTERMLogsConnectedNBDClient: a client still connected when an nbd
+// attachment is told to stop is named in a warning of the attach process,
+// which closes its connection after a flush. Before, it was dropped without
+// a word.
+func TestSIGTERMLogsConnectedNBDClient(t *testing.T) {
+	e := newCLIEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := e.command(ctx, "attach", "--target", e.addr, "--nqn", cliSubNQN, "--name", "sigterm",
+		"--socket", filepath.Join(t.TempDir(), "sigterm.sock"), "--json", "--io-queues", "1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadBytes('\n')
+	var rec attach.Record
+	if err == nil {
+		err = json.Unmarshal(line, &rec)
+	}
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("attach printed %q: %v\n%s", line, err, stderr.String())
+	}
+	c := dialNBD(t, rec.Socket, rec.Name)
+	c.write(0, bytes.Repeat([]byte{1}, 4096))
+	flushes := e.commands("flush")
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("attach after SIGTERM: %v\n%s", err, stderr.String())
+	}
+	if _, err := c.r.ReadByte(); !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("the client's connection is still open after the teardown: %v", err)
+	}
+	log := stderr.String()
+	for _, want := range []string{"level=WARN", "closing a connected client's connection after a flush",
+		fmt.Sprintf("client=\"pid %d (uid %d) on unix:%s\"", os.Getpid(), os.Getuid(), rec.Socket)} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the attach process's log lacks %q:\n%s", want, log)
+		}
+	}
+	if !e.commandsAbove("flush", flushes) {
+		t.Error("no flush reached the target at the teardown")
+	}
+	e.assertGone(rec)
+}
+
+// canLoop reports whether the fuse mode can work here (root, FUSE, loop devices).
+func canLoop() bool {
+	if os.Geteuid() != 0 {
+		return false
+	}
+	for _, p := range []string{"/dev/fuse", "/dev/loop-control"} {
+		if _, err := os.Stat(p); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// TestListCreatesNoRunDir: list and detach --all with a run directory that
+// does not exist report nothing attached and create nothing.
+func TestListCreatesNoRunDir(t *testing.T) {
+	e := &cliEnv{t: t, runDir: filepath.Join(t.TempDir(), "no", "such", "run")}
+	out, _ := e.mustRun("list")
+	if !strings.Contains(out, "nothing is attached") {
+		t.Errorf("list with no run directory: %s", out)
+	}
+	out, _ = e.mustRun("list", "--json")
+	if strings.TrimSpace(out) != "[]" {
+		t.Errorf("list --json with no run directory: %s", out)
+	}
+	if _, stderr := e.mustRun("detach", "--all"); !strings.Contains(stderr, "nothing is attached") {
+		t.Errorf("detach --all with no run directory: %s", stderr)
+	}
+	if _, stderr, err := e.run("detach", "x"); err == nil || !strings.Contains(stderr, `no attachment named "x"`) {
+		t.Errorf("detach x with no run directory: %v %s", err, stderr)
+	}
+	if _, err := os.Stat(filepath.Dir(filepath.Dir(e.runDir))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("list or detach created (part of) the run directory %s: %v", e.runDir, err)
+	}
+}
