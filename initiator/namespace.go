@@ -19,7 +19,9 @@ import (
 // device: it implements blockio.Backend. Offsets and lengths are multiples
 // of BlockSize. Its methods survive reconnects: an operation interrupted by
 // the loss of the connection is retried on the next one, and fails with
-// ErrControllerLost only when the controller is lost for good.
+// ErrControllerLost only when the controller is lost for good (or with
+// ErrNamespaceChanged once the target serves another namespace under its
+// NSID: Changed).
 type Namespace struct {
 	c      *Controller
 	nsid   uint32
@@ -27,8 +29,9 @@ type Namespace struct {
 	nguid  [16]byte
 	uuid   nvme.UUID
 
-	changed  atomic.Pointer[error]   // set for good once the target serves another namespace under nsid
-	verified atomic.Pointer[session] // the session in which the identity was last checked
+	changed     atomic.Pointer[namespaceChange] // set for good once the target serves another namespace under nsid
+	changedDone chan struct{}                   // closed then
+	verified    atomic.Pointer[session]         // the session in which the identity was last checked
 
 	durability durability
 }
@@ -85,7 +88,7 @@ var _ blockio.Backend = (*Namespace)(nil)
 
 // Namespace identifies namespace nsid and fetches its region descriptor.
 func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, error) {
-	n := &Namespace{c: c, nsid: nsid}
+	n := &Namespace{c: c, nsid: nsid, changedDone: make(chan struct{})}
 	err := c.do(ctx, func(s *session) error {
 		id, err := s.identifyNamespace(ctx, nsid)
 		if err != nil {
@@ -141,29 +144,59 @@ func (s *session) identifyNamespace(ctx context.Context, nsid uint32) (nvme.Iden
 // its end fails the queue pair, which a reconnect would retry for ever. Once
 // changed, the namespace fails every operation with ErrNamespaceChanged.
 func (n *Namespace) do(ctx context.Context, fn func(s *session) error) error {
-	if err := n.changed.Load(); err != nil {
-		return *err
+	if ch := n.changed.Load(); ch != nil {
+		return ch.err
 	}
 	return n.c.do(ctx, func(s *session) error {
 		if n.verified.Load() != s {
 			id, err := s.identifyNamespace(ctx, n.nsid)
-			if err == nil && (id.NSZE != n.blocks || id.NGUID != n.nguid) {
-				err = fmt.Errorf("%w: namespace %d of %s is now %d blocks, NGUID %x (was %d blocks, NGUID %x)",
-					ErrNamespaceChanged, n.nsid, n.c.subNQN, id.NSZE, id.NGUID, n.blocks, n.nguid)
-				n.changed.CompareAndSwap(nil, &err)
-				n.c.cfg.log.Error("initiator: the target serves another namespace under this NSID; failing its I/O", "err", err)
-			}
-			if errors.Is(err, nvme.StatusInvalidNamespaceOrFormat) {
-				err = fmt.Errorf("%w: %w", ErrNamespaceChanged, err)
-				n.changed.CompareAndSwap(nil, &err)
-			}
-			if err != nil {
+			switch {
+			case err == nil && (id.NSZE != n.blocks || id.NGUID != n.nguid):
+				return n.markChanged(fmt.Errorf("%w: namespace %d of %s is now %d blocks, NGUID %x (was %d blocks, NGUID %x)",
+					ErrNamespaceChanged, n.nsid, n.c.subNQN, id.NSZE, id.NGUID, n.blocks, n.nguid))
+			case errors.Is(err, nvme.StatusInvalidNamespaceOrFormat):
+				return n.markChanged(fmt.Errorf("%w: %w", ErrNamespaceChanged, err))
+			case err != nil:
 				return err // a transport failure is retried by c.do; others fail this operation
 			}
 			n.verified.Store(s)
 		}
 		return fn(s)
 	})
+}
+
+// namespaceChange is why and since when a namespace fails for good.
+type namespaceChange struct {
+	at  time.Time
+	err error // wraps ErrNamespaceChanged
+}
+
+// markChanged fails the namespace for good with err, which wraps
+// ErrNamespaceChanged, and returns it; the first call decides since when
+// and why, and closes Changed.
+func (n *Namespace) markChanged(err error) error {
+	if n.changed.CompareAndSwap(nil, &namespaceChange{at: time.Now(), err: err}) {
+		n.c.cfg.log.Error("initiator: the target no longer serves this namespace under its NSID; failing its I/O for good", "err", err)
+		close(n.changedDone)
+	}
+	return err
+}
+
+// Changed is closed once the namespace fails for good with
+// ErrNamespaceChanged: the target, on a new session, no longer serves the
+// namespace first identified under this NSID (another size or NGUID, or
+// none). The check runs before the namespace's first operation on each
+// session, so the change is found by the first I/O after a reconnect.
+func (n *Namespace) Changed() <-chan struct{} { return n.changedDone }
+
+// Change says since when the namespace has failed for good with
+// ErrNamespaceChanged and why (the error its I/O fails with, naming what
+// changed); a zero time and nil while it has not.
+func (n *Namespace) Change() (since time.Time, err error) {
+	if ch := n.changed.Load(); ch != nil {
+		return ch.at, ch.err
+	}
+	return time.Time{}, nil
 }
 
 // region returns the namespace's region descriptor in session s, fetching

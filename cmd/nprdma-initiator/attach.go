@@ -219,7 +219,14 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 	case pending = <-interrupted:
 	default:
 	}
-	lost := a.ctrl.Lost()
+	// Its I/O failing for good (EIO), it serves on until detached, but
+	// lets list say so.
+	lost, changed := a.ctrl.Lost(), a.ns.Changed()
+	dead := func() {
+		if a.noteDeath() {
+			a.say("%s: %s; its I/O fails with EIO until it is detached: %s", req.name, deadCause(a.rec), a.rec.LostReason)
+		}
+	}
 	for {
 		force := false
 		var cause string
@@ -239,11 +246,12 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 				a.serving--
 				force, cause = true, fmt.Sprintf("NBD server stopped: %v", err)
 			case <-lost:
-				// Serve on (its I/O fails with EIO) until detached, but
-				// let list say so.
 				lost = nil
-				a.noteLoss()
-				a.say("%s: controller lost; its I/O fails with EIO until it is detached: %s", req.name, a.rec.LostReason)
+				dead()
+				continue
+			case <-changed:
+				changed = nil
+				dead()
 				continue
 			}
 		}
@@ -269,16 +277,18 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 			a.rec.DetachAttempts++
 			a.rec.DetachError = terr.Error()
 			req.dir.Save(a.rec)
+			a.tellOutcome()
 			return fmt.Errorf("detach %s: %w", req.name, terr)
 		}
+		a.tellOutcome()
 		if err := req.dir.Remove(req.name); err != nil {
 			return err
 		}
 		if a.rec.LogFile != "" {
 			os.Remove(a.rec.LogFile) // a clean run leaves nothing behind
 		}
-		if a.rec.State == attach.StateLost {
-			a.say("detached %s: its controller had been lost since %s; nothing it acknowledged was left unflushed", req.name, a.rec.LostSince.Local().Format(time.DateTime))
+		if a.rec.Dead() {
+			a.say("detached %s: %s", req.name, detachedDead(a.rec))
 			return nil
 		}
 		a.say("detached %s", req.name)
@@ -449,7 +459,7 @@ func (a *attachment) tearDown(force bool) (refused bool, err error) {
 		a.metrics = nil
 	}
 	if a.ctrl != nil {
-		a.noteLoss()
+		a.noteDeath() // the teardown's flush may have found it
 		a.stats = a.ctrl.Stats()
 		if err := a.ctrl.Close(); err != nil && !errors.Is(err, initiator.ErrClosed) {
 			errs = append(errs, err)
@@ -460,12 +470,13 @@ func (a *attachment) tearDown(force bool) (refused bool, err error) {
 	return false, errors.Join(errs...)
 }
 
-// finalFlushError judges a failed final flush. A controller lost for good
-// cannot flush, but that loses nothing unless the namespace acknowledged
-// writes (or trims) that no successful flush covered: only those may have
-// stayed in the target's volatile cache. nil means nothing was lost.
+// finalFlushError judges a failed final flush. A controller lost for good,
+// or a namespace the target no longer serves, cannot flush, but that loses
+// nothing unless the namespace acknowledged writes (or trims) that no
+// successful flush covered: only those may have stayed in the target's
+// volatile cache. nil means nothing was lost.
 func (a *attachment) finalFlushError(err error) error {
-	if a.ns == nil || !errors.Is(err, initiator.ErrControllerLost) {
+	if a.ns == nil || (!errors.Is(err, initiator.ErrControllerLost) && !errors.Is(err, initiator.ErrNamespaceChanged)) {
 		return err
 	}
 	u := a.ns.Unflushed()
@@ -481,16 +492,43 @@ func (a *attachment) finalFlushError(err error) error {
 		what, humanSize(u.Bytes), err)
 }
 
-// noteLoss records in the record that the controller is lost for good, if
-// it is, so that list and detach can say since when and why.
-func (a *attachment) noteLoss() {
-	since, err := a.ctrl.Loss()
-	if err == nil || a.rec.State == attach.StateLost {
-		return
+// noteDeath records that the attachment's I/O fails for good, if it does
+// and the record does not say so yet, so that list and detach can say since
+// when and why: the namespace changed on the target, or the controller is
+// lost, whichever came first. It reports whether it recorded it.
+func (a *attachment) noteDeath() bool {
+	if a.rec.Dead() {
+		return false
 	}
-	a.rec.State, a.rec.LostSince, a.rec.LostReason = attach.StateLost, since.UTC().Truncate(time.Second), err.Error()
+	var state string
+	var since time.Time
+	var why error
+	if a.ns != nil {
+		if t, err := a.ns.Change(); err != nil {
+			state, since, why = attach.StateNamespaceChanged, t, err
+		}
+	}
+	if a.ctrl != nil {
+		if t, err := a.ctrl.Loss(); err != nil && (why == nil || t.Before(since)) {
+			state, since, why = attach.StateLost, t, err
+		}
+	}
+	if why == nil {
+		return false
+	}
+	a.rec.State, a.rec.LostSince, a.rec.LostReason = state, since.UTC().Truncate(time.Second), why.Error()
 	if err := a.req.dir.Save(a.rec); err != nil {
 		a.say("%v", err)
+	}
+	return true
+}
+
+// tellOutcome hands the final record to the detach commands waiting for
+// this process to exit: the record itself is gone by then, or may have
+// changed (a loss found by the teardown) after their last look.
+func (a *attachment) tellOutcome() {
+	if err := a.req.dir.TellOutcome(a.rec); err != nil {
+		a.say("telling detach how the teardown ended: %v", err)
 	}
 }
 

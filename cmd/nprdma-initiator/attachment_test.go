@@ -60,8 +60,7 @@ func TestMain(m *testing.M) {
 const (
 	cliHost   = "nqn.2024-01.io.nprdma:attach-test-host"
 	cliSubNQN = "nqn.2024-01.io.nprdma:attach-test"
-	nsSize    = 256 << 20
-	nsBudget  = 64 << 20 // a quarter of the namespace
+	nsSize    = 256 << 20 // four times the target's DRAM budget
 )
 
 // cliEnv is a target in this process and a run directory for the CLI.
@@ -75,37 +74,62 @@ type cliEnv struct {
 
 func newCLIEnv(t *testing.T) *cliEnv {
 	t.Helper()
-	e := &cliEnv{t: t, reg: prometheus.NewRegistry()}
+	e := &cliEnv{t: t}
 	dir := t.TempDir()
-	tg, err := target.New(target.WithProvider(tcp.New()), target.WithListen("127.0.0.1:0"),
-		target.WithDataDir(filepath.Join(dir, "meta")), target.WithMetrics(e.reg),
+	e.startTarget("127.0.0.1:0", dir, nsSize)
+	t.Cleanup(func() { e.tg.Close() }) // after the attachments are gone (cleanups run last-in first-out)
+	e.runDir = filepath.Join(dir, "run")
+	t.Cleanup(e.cleanUp)
+	return e
+}
+
+// startTarget starts the env's target on listen, with its metadata and a
+// namespace 1 of size bytes (four times its budget) in dir: a new namespace
+// identity unless dir held one.
+func (e *cliEnv) startTarget(listen, dir string, size int64) {
+	t := e.t
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	tg, err := target.New(target.WithProvider(tcp.New()), target.WithListen(listen),
+		target.WithDataDir(filepath.Join(dir, "meta")), target.WithMetrics(reg),
 		target.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { tg.Close() }) // after the attachments are gone (cleanups run last-in first-out)
 	sub, err := tg.AddSubsystem(target.SubsystemConfig{NQN: cliSubNQN, AllowHosts: []string{cliHost}})
 	if err != nil {
+		tg.Close()
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, "ns.img")
-	if err := blockdev.Create(path, nsSize); err != nil {
+	if err := blockdev.Create(path, size); err != nil {
+		tg.Close()
 		t.Fatal(err)
 	}
 	dev, err := blockdev.Open(path)
 	if err != nil {
+		tg.Close()
 		t.Fatal(err)
 	}
-	if _, err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backing: dev, Budget: nsBudget}); err != nil {
+	if _, err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backing: dev, Budget: size / 4}); err != nil {
+		dev.Close()
+		tg.Close()
 		t.Fatal(err)
 	}
 	if err := tg.Start(); err != nil {
+		tg.Close()
 		t.Fatal(err)
 	}
-	e.tg, e.addr = tg, tg.Addr()
-	e.runDir = filepath.Join(dir, "run")
-	t.Cleanup(e.cleanUp)
-	return e
+	e.tg, e.addr, e.reg = tg, tg.Addr(), reg
+}
+
+// restartOnOtherBacking closes the target and starts another on its address
+// with another namespace under the same NSID (a fresh backing of size
+// bytes, a new NGUID): what the initiator must not take for its namespace.
+func (e *cliEnv) restartOnOtherBacking(size int64) {
+	e.t.Helper()
+	e.tg.Close()
+	e.startTarget(e.addr, e.t.TempDir(), size)
 }
 
 // cleanUp detaches whatever a failed test left attached; processes that
@@ -605,32 +629,40 @@ func TestListAndDetachDeadAttachments(t *testing.T) {
 	}
 }
 
+// startForeground starts a foreground `attach --json` with args and returns
+// it with the record it printed once attached, and its stderr.
+func (e *cliEnv) startForeground(ctx context.Context, args ...string) (*exec.Cmd, attach.Record, *bytes.Buffer) {
+	e.t.Helper()
+	cmd := e.command(ctx, append([]string{"attach", "--json"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	stderr := new(bytes.Buffer)
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadBytes('\n')
+	var rec attach.Record
+	if err == nil {
+		err = json.Unmarshal(line, &rec)
+	}
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		e.t.Fatalf("attach printed %q: %v\n%s", line, err, stderr)
+	}
+	return cmd, rec, stderr
+}
+
 // TestAttachForegroundSignal: a foreground attach prints its record once
 // attached and, on SIGINT, tears down and exits 0.
 func TestAttachForegroundSignal(t *testing.T) {
 	e := newCLIEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := e.command(ctx, "attach", "--target", e.addr, "--nqn", cliSubNQN, "--socket", filepath.Join(t.TempDir(), "fg.sock"), "--json")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(stdout).ReadBytes('\n')
-	if err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("attach printed nothing: %v\n%s", err, stderr.String())
-	}
-	var rec attach.Record
-	if err := json.Unmarshal(line, &rec); err != nil {
-		t.Fatal(err)
-	}
+	cmd, rec, stderr := e.startForeground(ctx, "--target", e.addr, "--nqn", cliSubNQN, "--socket", filepath.Join(t.TempDir(), "fg.sock"))
 	// --socket without --mode means nbd; the default name comes from the NQN.
 	if rec.PID != cmd.Process.Pid || rec.Mode != attach.ModeNBD || rec.Name != "attach-test-ns1" {
 		t.Fatalf("record: %+v", rec)

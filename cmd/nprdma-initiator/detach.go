@@ -23,8 +23,9 @@ func detachCommand() *cli.Command {
 			"unmount it first (lazily if busy: the filesystem disappears from view at once and its open files\n" +
 			"fail) and abort FUSE users, by sending SIGUSR1 instead. An attachment whose process is gone is\n" +
 			"cleaned up (dead FUSE mount, stale socket) and its record removed. An attachment whose controller\n" +
-			"is lost (see list) is detached like the others and says so; detach fails only if the namespace had\n" +
-			"acknowledged writes that no flush covered, which may be lost, and says how many.",
+			"is lost, or whose namespace changed on the target (see list), also when its teardown is what finds\n" +
+			"it, is detached like the others and says so; detach fails only if the namespace had acknowledged\n" +
+			"writes that no flush covered, which may be lost, and says how many.",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "detach every attachment"},
 			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "unmount a mounted loop device (lazily if busy) and abort users of the FUSE file instead of refusing"},
@@ -102,6 +103,14 @@ func detachOne(cc *cli.Context, dir *attach.Dir, rec attach.Record) error {
 	if force {
 		sig = syscall.SIGUSR1
 	}
+	// The process writes its final record here before it exits: the only
+	// word of a loss (or change) its teardown finds a moment before it
+	// removes its record. Without one, the last record seen says most.
+	outcome, err := dir.ExpectOutcome(rec.Name)
+	if err != nil {
+		say("%v; the outcome is judged from its record alone", err)
+	}
+	defer outcome.Close()
 	attempts := rec.DetachAttempts
 	if err := proc.Signal(sig); err != nil {
 		if errors.Is(err, attach.ErrProcessGone) {
@@ -109,14 +118,12 @@ func detachOne(cc *cli.Context, dir *attach.Dir, rec attach.Record) error {
 		}
 		return fmt.Errorf("detach %s: %w", rec.Name, err)
 	}
-	// The controller may be found lost during the teardown too: the last
-	// record seen says so.
-	lost := rec
+	final := rec // the last record seen
 	deadline := time.Now().Add(cc.Duration("timeout"))
 	for proc.Alive() {
 		cur, err := dir.Load(rec.Name)
-		if err == nil && cur.PID == rec.PID && cur.State == attach.StateLost {
-			lost = cur
+		if err == nil && cur.PID == rec.PID && cur.Dead() {
+			final = cur
 		}
 		if err == nil && cur.PID == rec.PID && cur.DetachAttempts > attempts {
 			return fmt.Errorf("detach %s: the attach process (pid %d) refused: %s", rec.Name, rec.PID, cur.DetachError)
@@ -130,15 +137,17 @@ func detachOne(cc *cli.Context, dir *attach.Dir, rec attach.Record) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	if out, ok := outcome.Read(); ok && out.Process() == rec.Process() {
+		final = out
+	}
 	// The attach process removes its record after a clean teardown; one
 	// that is left says the teardown failed.
 	cur, err := dir.Load(rec.Name)
 	if errors.Is(err, os.ErrNotExist) || (err == nil && cur.PID != rec.PID) {
-		if lost.State == attach.StateLost {
+		if final.Dead() {
 			// Its teardown fails when it leaves acknowledged writes
 			// unflushed: it succeeded, so nothing was lost.
-			say("detached %s (%s); its controller had been lost since %s; nothing it acknowledged was left unflushed",
-				rec.Name, rec.Use(), lost.LostSince.Local().Format(time.DateTime))
+			say("detached %s (%s); %s", rec.Name, rec.Use(), detachedDead(final))
 			return nil
 		}
 		say("detached %s (%s)", rec.Name, rec.Use())

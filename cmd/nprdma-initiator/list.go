@@ -15,12 +15,13 @@ import (
 func listCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "list",
-		Usage: "show what is attached: name, mode, state (attached, lost), device or NBD URI, target, namespace, process",
-		Description: "Reads the attachment records of the run directory (creating nothing). STATE is starting, attached or\n" +
-			"lost: the target stayed unreachable past the controller-loss timeout (or refused this host), so the\n" +
-			"attachment's I/O fails with EIO; a line under the table says since when and why. A record whose attach\n" +
-			"process is gone (killed, crashed) is dropped, saying so, after cleaning up what it left (dead FUSE mount,\n" +
-			"stale socket).",
+		Usage: "show what is attached: name, mode, state (attached, lost, namespace-changed), device or NBD URI, target, namespace, process",
+		Description: "Reads the attachment records of the run directory (creating nothing). STATE is starting,\n" +
+			"attached, lost (the target stayed unreachable past the controller-loss timeout, or refused this host)\n" +
+			"or namespace-changed (the target, restarted, serves another namespace under the NSID: another size or\n" +
+			"NGUID, or none). In the last two the attachment's I/O fails with EIO; a line under the table says since\n" +
+			"when and why. A record whose attach process is gone (killed, crashed) is dropped, saying so, after\n" +
+			"cleaning up what it left (dead FUSE mount, stale socket).",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print a JSON array of the attachment records instead of a table"},
 			runDirFlag(),
@@ -67,7 +68,7 @@ func printAttachments(w io.Writer, recs []attach.Record, now time.Time) {
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tMODE\tSTATE\tUSE\tTARGET\tSUBSYSTEM\tNSID\tSIZE\tPID\tUP")
-	var lost []attach.Record
+	var dead []attach.Record
 	for _, r := range recs {
 		use := r.Use()
 		if use == "" {
@@ -76,15 +77,34 @@ func printAttachments(w io.Writer, recs []attach.Record, now time.Time) {
 		if r.DetachError != "" {
 			use += " (detach refused: " + r.DetachError + ")"
 		}
-		if r.State == attach.StateLost {
-			lost = append(lost, r)
+		if r.Dead() {
+			dead = append(dead, r)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Name, r.Mode, r.State, use, r.Target, r.NQN, r.NSID,
 			humanSize(r.Size), strconv.Itoa(r.PID), now.Sub(r.Started).Truncate(time.Second))
 	}
 	tw.Flush()
-	for _, r := range lost {
-		fmt.Fprintf(w, "%s: controller lost since %s (%s ago); its I/O fails with EIO: %s\n", r.Name,
+	for _, r := range dead {
+		fmt.Fprintf(w, "%s: %s since %s (%s ago); its I/O fails with EIO: %s\n", r.Name, deadCause(r),
 			r.LostSince.Local().Format(time.DateTime), now.Sub(r.LostSince).Truncate(time.Second), r.LostReason)
 	}
+}
+
+// deadCause says why the I/O of a dead record (attach.Record.Dead) fails for
+// good, as list puts it.
+func deadCause(r attach.Record) string {
+	if r.State == attach.StateNamespaceChanged {
+		return "namespace changed on the target"
+	}
+	return "controller lost"
+}
+
+// detachedDead is what attach and detach add to "detached NAME" about a dead
+// attachment: its teardown succeeded, so its failed final flush lost nothing.
+func detachedDead(r attach.Record) string {
+	had := "its controller had been lost"
+	if r.State == attach.StateNamespaceChanged {
+		had = "its namespace had changed on the target"
+	}
+	return fmt.Sprintf("%s since %s; nothing it acknowledged was left unflushed", had, r.LostSince.Local().Format(time.DateTime))
 }

@@ -1,8 +1,9 @@
 package main
 
 // Tests of what the user sees when things go wrong: a controller lost for
-// good (list, detach), a client cut off by a teardown, a run directory that
-// does not exist.
+// good, a namespace changed on the target (list, detach, also when the
+// teardown is what finds either), a client cut off by a teardown, a run
+// directory that does not exist.
 
 import (
 	"bufio"
@@ -73,6 +74,30 @@ func (n *nbdTestConn) write(off int64, p []byte) {
 	if magic, errno := binary.BigEndian.Uint32(rep), binary.BigEndian.Uint32(rep[4:]); magic != 0x67446698 || errno != 0 {
 		n.t.Fatalf("NBD write: reply magic %#x, error %d", magic, errno)
 	}
+}
+
+// read reads length bytes at off and returns the reply's NBD error (0:
+// none).
+func (n *nbdTestConn) read(off int64, length int) uint32 {
+	n.t.Helper()
+	req := nbd.AppendRequest(nil, nbd.Request{Type: nbd.CmdRead, Cookie: 3, Offset: uint64(off), Length: uint32(length)})
+	if _, err := n.c.Write(req); err != nil {
+		n.t.Fatal(err)
+	}
+	rep := make([]byte, 16)
+	if _, err := io.ReadFull(n.r, rep); err != nil {
+		n.t.Fatal(err)
+	}
+	magic, errno := binary.BigEndian.Uint32(rep), binary.BigEndian.Uint32(rep[4:])
+	if magic != 0x67446698 {
+		n.t.Fatalf("NBD read: reply magic %#x", magic)
+	}
+	if errno == 0 {
+		if _, err := io.ReadFull(n.r, make([]byte, length)); err != nil {
+			n.t.Fatal(err)
+		}
+	}
+	return errno
 }
 
 func (n *nbdTestConn) disconnect() {
@@ -160,6 +185,125 @@ func TestLostAttachmentIsListedAndDetached(t *testing.T) {
 	e.assertGone(dirty)
 }
 
+// waitListed polls list --json until every attachment listed is in state
+// and there are want of them, and returns them.
+func (e *cliEnv) waitListed(state string, want int) []attach.Record {
+	e.t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		out, _ := e.mustRun("list", "--json")
+		var listed []attach.Record
+		if err := json.Unmarshal([]byte(out), &listed); err != nil {
+			e.t.Fatalf("list --json: %v\n%s", err, out)
+		}
+		n := 0
+		for _, r := range listed {
+			if r.State == state {
+				n++
+			}
+		}
+		if n == want && len(listed) == want {
+			return listed
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("not listed as %s in time:\n%s", state, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestNamespaceChangedAttachmentIsListedAndDetached: the target restarted on
+// another backing under the same NSID; the first I/O of each attachment
+// finds it (EIO). list shows them namespace-changed, with since when and
+// why, in the table and in --json; detach of the one with nothing unflushed
+// succeeds, saying its namespace had changed; detach of the one holding a
+// write it acknowledged but never flushed fails, saying so. Before, list
+// showed them attached and both detaches failed alike.
+func TestNamespaceChangedAttachmentIsListedAndDetached(t *testing.T) {
+	e := newCLIEnv(t)
+	clean := e.attachDaemon("changed-clean", "--mode", "nbd")
+	dirty := e.attachDaemon("changed-dirty", "--mode", "nbd")
+	cc, cd := dialNBD(t, clean.Socket, clean.Name), dialNBD(t, dirty.Socket, dirty.Name)
+	cd.write(0, bytes.Repeat([]byte{0x5a}, 4096)) // acknowledged, never flushed
+
+	e.restartOnOtherBacking(nsSize / 2)
+	for _, c := range []*nbdTestConn{cc, cd} {
+		if errno := c.read(0, 4096); errno != 5 { // NBD_EIO
+			t.Fatalf("read after the target changed the namespace: NBD error %d, want EIO", errno)
+		}
+		c.disconnect()
+	}
+	listed := e.waitListed(attach.StateNamespaceChanged, 2)
+	for _, r := range listed {
+		if r.LostSince.IsZero() || time.Since(r.LostSince) > time.Minute || !strings.Contains(r.LostReason, "namespace changed on the target") ||
+			!strings.Contains(r.LostReason, "is now 32768 blocks") {
+			t.Errorf("list --json: %s changed since %v: %q", r.Name, r.LostSince, r.LostReason)
+		}
+	}
+	out, _ := e.mustRun("list")
+	for _, r := range []attach.Record{clean, dirty} {
+		if !strings.Contains(out, r.Name+": namespace changed on the target since ") || !strings.Contains(out, "is now 32768 blocks") {
+			t.Errorf("list does not say since when and why the namespace of %s changed:\n%s", r.Name, out)
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, r.Name+" ") && !strings.Contains(l, " namespace-changed ") {
+				t.Errorf("list line of %s does not say namespace-changed:\n%s", r.Name, out)
+			}
+		}
+	}
+
+	_, stderr, err := e.run("detach", clean.Name)
+	if err != nil || !strings.Contains(stderr, "detached changed-clean") ||
+		!strings.Contains(stderr, "its namespace had changed on the target since") || !strings.Contains(stderr, "nothing it acknowledged was left unflushed") {
+		t.Errorf("detach of a namespace-changed attachment with nothing unflushed: %v\n%s", err, stderr)
+	}
+	e.assertGone(clean)
+	_, stderr, err = e.run("detach", dirty.Name)
+	if err == nil || !strings.Contains(stderr, "1 write or trim (4 KiB)") || !strings.Contains(stderr, "could not be flushed") ||
+		!strings.Contains(stderr, "namespace changed on the target") {
+		t.Errorf("detach of a namespace-changed attachment holding an unflushed write: %v\n%s", err, stderr)
+	}
+	os.Remove(dirty.LogFile) // kept by design after a failed teardown
+	e.assertGone(dirty)
+}
+
+// TestDetachSaysWhatTheTeardownFound: a namespace change, or a controller
+// loss, found by the teardown itself (its final flush) is recorded a moment
+// before the attach process removes its record, which a detach polling the
+// record misses; detach reads the final record the process leaves it (its
+// outcome file) and says it all the same: for the namespace changed on the
+// target with no I/O since (nbd, and fuse where the machine allows), and for
+// the target gone with the loss timeout not yet over when detach starts.
+func TestDetachSaysWhatTheTeardownFound(t *testing.T) {
+	e := newCLIEnv(t)
+	changed := []attach.Record{e.attachDaemon("found-changed", "--mode", "nbd")}
+	if canLoop() {
+		changed = append(changed, e.attachDaemon("found-changed-fuse", "--mode", "fuse"))
+	}
+	lost := e.attachDaemon("found-lost", "--mode", "nbd", "--ctrl-loss-timeout", "3s", "--keep-alive", "1s")
+
+	e.restartOnOtherBacking(nsSize / 2)
+	e.waitListed(attach.StateAttached, len(changed)+1) // no I/O has found the change
+	for _, r := range changed {
+		_, stderr, err := e.run("detach", r.Name)
+		if err != nil || !strings.Contains(stderr, "detached "+r.Name+" ") ||
+			!strings.Contains(stderr, "its namespace had changed on the target since") || !strings.Contains(stderr, "nothing it acknowledged was left unflushed") {
+			t.Errorf("detach of an attachment whose teardown found its namespace changed: %v\n%s", err, stderr)
+		}
+		e.assertGone(r)
+	}
+
+	e.tg.Close()
+	start := time.Now()
+	_, stderr, err := e.run("detach", lost.Name)
+	if err != nil || !strings.Contains(stderr, "detached found-lost ") || !strings.Contains(stderr, "its controller had been lost since") {
+		t.Errorf("detach of an attachment whose teardown found its controller lost: %v\n%s", err, stderr)
+	}
+	if el := time.Since(start); el < 2*time.Second {
+		t.Logf("detach took %v: the loss may have been declared before it (not what this case is about)", el)
+	}
+	e.assertGone(lost)
+}
+
 // TestSIGTERMLogsConnectedNBDClient: a client still connected when an nbd
 // attachment is told to stop is named in a warning of the attach process,
 // which closes its connection after a flush. Before, it was dropped without
@@ -168,27 +312,8 @@ func TestSIGTERMLogsConnectedNBDClient(t *testing.T) {
 	e := newCLIEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := e.command(ctx, "attach", "--target", e.addr, "--nqn", cliSubNQN, "--name", "sigterm",
-		"--socket", filepath.Join(t.TempDir(), "sigterm.sock"), "--json", "--io-queues", "1")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(stdout).ReadBytes('\n')
-	var rec attach.Record
-	if err == nil {
-		err = json.Unmarshal(line, &rec)
-	}
-	if err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("attach printed %q: %v\n%s", line, err, stderr.String())
-	}
+	cmd, rec, stderr := e.startForeground(ctx, "--target", e.addr, "--nqn", cliSubNQN, "--name", "sigterm",
+		"--socket", filepath.Join(t.TempDir(), "sigterm.sock"), "--io-queues", "1")
 	c := dialNBD(t, rec.Socket, rec.Name)
 	c.write(0, bytes.Repeat([]byte{1}, 4096))
 	flushes := e.commands("flush")

@@ -8,6 +8,7 @@
 // Layout of a run directory (default /run/nprdma, see DefaultRunDir):
 //
 //	attach/NAME.json   the record (written atomically; the attach process owns it)
+//	attach/.NAME.outcome.PID-N  a detach (PID) waiting for the process's final record (Outcome)
 //	NAME.sock          the NBD unix socket of an nbd attachment (unless --socket)
 //	NAME.log           the output of an attach process started with --daemon
 //	mnt/NAME/          the FUSE mount point of a fuse attachment
@@ -54,6 +55,11 @@ const (
 	// unreachable past the controller-loss timeout, or refused the host on
 	// reconnect); the process still serves, but its I/O fails with EIO.
 	StateLost = "lost"
+	// StateNamespaceChanged: the target no longer serves the namespace
+	// attached (restarted on another backing under the same NSID: another
+	// size or NGUID, or none); as in StateLost, the process still serves,
+	// but its I/O fails with EIO.
+	StateNamespaceChanged = "namespace-changed"
 )
 
 // Record describes one attachment. The attach process writes it; list and
@@ -88,8 +94,10 @@ type Record struct {
 	MetricsAddr string `json:"metrics_addr,omitempty"`
 	LogFile     string `json:"log_file,omitempty"`
 
-	// LostSince and LostReason say, in StateLost, when the controller was
-	// declared lost and why.
+	// LostSince and LostReason say, in StateLost and StateNamespaceChanged
+	// (see Dead), since when the attachment's I/O has failed for good and
+	// why: when the controller was declared lost, or the namespace found
+	// changed, and the error its I/O fails with.
 	LostSince  time.Time `json:"lost_since,omitzero"`
 	LostReason string    `json:"lost_reason,omitempty"`
 
@@ -98,6 +106,10 @@ type Record struct {
 	DetachAttempts int    `json:"detach_attempts,omitempty"`
 	DetachError    string `json:"detach_error,omitempty"`
 }
+
+// Dead reports whether the attachment's I/O fails for good, though its
+// process still serves: StateLost or StateNamespaceChanged.
+func (r Record) Dead() bool { return r.State == StateLost || r.State == StateNamespaceChanged }
 
 // Process is the attach process of the record.
 func (r Record) Process() Process { return Process{PID: r.PID, Start: r.ProcStart} }
