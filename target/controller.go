@@ -26,15 +26,29 @@ type queueConn struct {
 	// work or about to be, less the commands waiting in work.
 	work chan *fabric.Request
 	idle atomic.Int64
+
+	// Fencing (fence.go): fenced is set once the queue has failed;
+	// fenceDone (guarded by the subsystem's fenceMu) once that is recorded.
+	fenced    atomic.Bool
+	fenceDone bool
+	wmu       sync.Mutex
+	workers   []*worker // guarded by wmu
 }
 
 func newQueueConn(t *Target, q *fabric.ControllerQueue) *queueConn {
 	return &queueConn{t: t, q: q, admin: q.QID() == 0, work: make(chan *fabric.Request, q.Entries())}
 }
 
-// watch forgets the queue once it is gone and, for an admin queue, tears
-// its controller down: the host lost the controller with it.
+// watch fences the queue as soon as its queue pair is down (the host may
+// retry its commands from then on), forgets it once it is gone and, for an
+// admin queue, tears its controller down: the host lost the controller with
+// it.
 func (qc *queueConn) watch() {
+	select {
+	case <-qc.q.QP().Done():
+	case <-qc.q.Done():
+	}
+	qc.fence()
 	<-qc.q.Done()
 	t := qc.t
 	t.mu.Lock()
@@ -91,8 +105,10 @@ func (qc *queueConn) handle(r *fabric.Request) {
 // worker runs r, then the commands handed to it, until the queue is gone
 // or enough others are idle.
 func (qc *queueConn) worker(r *fabric.Request) {
+	w := qc.addWorker()
+	defer qc.removeWorker(w)
 	for {
-		qc.run(r)
+		qc.run(w, r)
 		// Leaving takes one off idle: with more than maxIdleWorkers idle,
 		// those staying still outnumber the commands handed out to them.
 		if n := qc.idle.Load(); n > maxIdleWorkers && qc.idle.CompareAndSwap(n, n-1) {
@@ -117,11 +133,11 @@ func (qc *queueConn) worker(r *fabric.Request) {
 // goes out: the host's next command, which may follow it at once, then
 // finds it (so that a queue at depth 1 keeps one worker) and waits for it
 // only as long as posting the completion takes.
-func (qc *queueConn) run(r *fabric.Request) {
+func (qc *queueConn) run(w *worker, r *fabric.Request) {
 	t := qc.t
 	defer t.inflight.Done()
 	start := time.Now()
-	name, res := qc.execute(r)
+	name, res := qc.execute(w, r)
 	if res.parked {
 		qc.idle.Add(1)
 		return // an AER: completed later
@@ -137,7 +153,7 @@ func (qc *queueConn) run(r *fabric.Request) {
 }
 
 // execute runs one command and returns its metric name and outcome.
-func (qc *queueConn) execute(r *fabric.Request) (string, result) {
+func (qc *queueConn) execute(w *worker, r *fabric.Request) (string, result) {
 	cmd := &r.Cmd
 	name := cmd.Name(qc.admin)
 	c := qc.ctrl.Load()
@@ -154,7 +170,7 @@ func (qc *queueConn) execute(r *fabric.Request) (string, result) {
 	if qc.admin {
 		return name, c.admin(r)
 	}
-	return name, c.io(r)
+	return name, c.io(w, r)
 }
 
 // result is a command's outcome.
@@ -178,6 +194,7 @@ func (res result) completion() nvme.Completion {
 type controller struct {
 	t         *Target
 	sub       *Subsystem // nil for a discovery controller
+	host      *hostFence // the host's fencing state on sub; nil for a discovery controller
 	id        uint16
 	hostNQN   string
 	hostID    nvme.UUID
@@ -261,8 +278,17 @@ func (qc *queueConn) connectAdmin(p nvme.ConnectParams, d nvme.ConnectData, sub 
 	c := &controller{t: t, sub: sub, hostNQN: d.HostNQN, hostID: d.HostID, adminConn: qc, kato: kato,
 		ioQueues: map[uint16]*queueConn{}, mrs: map[uint32]*nprdma.MR{}, vwc: true,
 		tag: t.tags.Add(1)}
+	if sub != nil {
+		c.host = sub.hostFence(d.HostNQN)
+	}
 	if err := t.allocController(c); err != nil {
+		if c.host != nil {
+			c.host.release()
+		}
 		return result{err: err}
+	}
+	if sub != nil {
+		t.fenceLost(sub, d.HostNQN)
 	}
 	qc.q.QP().SetAccessTag(c.tag)
 	qc.ctrl.Store(c)
@@ -289,6 +315,7 @@ func (qc *queueConn) connectIO(p nvme.ConnectParams, d nvme.ConnectData, sub *Su
 	if c == nil || c.sub != sub || c.hostNQN != d.HostNQN || sub == nil {
 		return result{err: nvme.ConnectInvalidParameter(true, nvme.ConnectDataOffsetCNTLID, "no controller %d of %s for host %s", d.CNTLID, d.SubNQN, d.HostNQN)}
 	}
+	t.fenceLost(sub, d.HostNQN)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -353,10 +380,14 @@ func (c *controller) teardown(why string) {
 		r.Fail(nvme.Errorf(nvme.StatusAbortedSQDeleted, "controller %d torn down", c.id))
 	}
 	for _, q := range qs {
+		q.fence() // before the host's fencing state may go with c
 		q.q.Close()
 	}
 	for _, mr := range mrs {
 		mr.Deregister()
+	}
+	if c.host != nil {
+		c.host.release()
 	}
 	c.t.removeController(c)
 	c.t.log.Info("target: controller torn down", "cntlid", c.id, "subsystem", c.subNQN(), "host", c.hostNQN, "why", why)
@@ -386,6 +417,7 @@ func (c *controller) reset() {
 	c.csts.RDY = false
 	c.mu.Unlock()
 	for _, q := range qs {
+		q.fence()
 		q.q.Close()
 	}
 	for _, mr := range mrs {

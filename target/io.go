@@ -13,8 +13,9 @@ import (
 // hostDataTimeout bounds the RDMA READ of a command's data.
 const hostDataTimeout = 30 * time.Second
 
-// io executes an I/O command.
-func (c *controller) io(r *fabric.Request) result {
+// io executes an I/O command on worker w. Commands that change a namespace
+// do it between w's beginChange and endChange (fence.go).
+func (c *controller) io(w *worker, r *fabric.Request) result {
 	cmd := &r.Cmd
 	if cmd.IsFabrics() {
 		return result{err: nvme.InvalidOpcode(cmd, false)}
@@ -73,11 +74,15 @@ func (c *controller) io(r *fabric.Request) result {
 		c.mu.Lock()
 		writeThrough := b.FUA || !c.vwc
 		c.mu.Unlock()
+		if err := c.beginChange(w, n, b.SLBA, b.SLBA+b.Blocks()); err != nil {
+			return result{err: err}
+		}
 		if writeThrough {
 			_, err = n.store.WriteAtFUA(data, off)
 		} else {
 			_, err = n.store.WriteAt(data, off)
 		}
+		w.endChange()
 		if err != nil {
 			return result{err: c.mediaError(n, "write", err, nvme.StatusWriteFault)}
 		}
@@ -92,7 +97,12 @@ func (c *controller) io(r *fabric.Request) result {
 		if err := b.CheckRange(n.Blocks()); err != nil {
 			return result{err: err}
 		}
-		if err := n.store.WriteZeroes(int64(b.SLBA)*BlockSize, int64(b.Blocks())*BlockSize); err != nil {
+		if err := c.beginChange(w, n, b.SLBA, b.SLBA+b.Blocks()); err != nil {
+			return result{err: err}
+		}
+		err := n.store.WriteZeroes(int64(b.SLBA)*BlockSize, int64(b.Blocks())*BlockSize)
+		w.endChange()
+		if err != nil {
 			return result{err: c.mediaError(n, "write zeroes", err, nvme.StatusWriteFault)}
 		}
 		if b.FUA {
@@ -122,6 +132,20 @@ func (c *controller) io(r *fabric.Request) result {
 		if p.Attributes&nvme.DSMDeallocate == 0 {
 			return result{} // hints only
 		}
+		// Fenced as one change of the blocks that all ranges span.
+		lo, hi := uint64(1<<64-1), uint64(0)
+		for _, rg := range ranges {
+			if rg.Blocks > 0 {
+				lo, hi = min(lo, rg.SLBA), max(hi, rg.SLBA+uint64(rg.Blocks))
+			}
+		}
+		if lo >= hi {
+			return result{}
+		}
+		if err := c.beginChange(w, n, lo, hi); err != nil {
+			return result{err: err}
+		}
+		defer w.endChange()
 		for _, rg := range ranges {
 			if rg.Blocks == 0 {
 				continue

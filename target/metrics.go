@@ -17,6 +17,11 @@ type metrics struct {
 	connections prometheus.Gauge
 	refused     prometheus.Counter
 	kaExpired   prometheus.Counter
+
+	// Fencing of failed queues (fence.go).
+	held         prometheus.Gauge
+	heldTimeouts prometheus.Counter
+	fenceDropped prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
@@ -42,9 +47,21 @@ func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
 		kaExpired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nprdma_target_keepalive_expired_total", Help: "Controllers torn down by their keep-alive timeout.",
 		}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nprdma_target_commands_held",
+			Help: "Commands waiting now for a command of their host's failed queue that still changes the same blocks.",
+		}),
+		heldTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nprdma_target_held_timeouts_total",
+			Help: "Commands failed with Namespace Not Ready after waiting the fence timeout for a failed queue's command.",
+		}),
+		fenceDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nprdma_target_fenced_commands_dropped_total",
+			Help: "Commands of a failed queue dropped before they changed a namespace (never acknowledged).",
+		}),
 	}
 	for _, c := range []prometheus.Collector{m.commands, m.latency, m.controllers, m.connections, m.refused, m.kaExpired,
-		nprdma.NewPrometheusCollector(t.dev, t.pool)} {
+		m.held, m.heldTimeouts, m.fenceDropped, nprdma.NewPrometheusCollector(t.dev, t.pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -39,6 +39,12 @@ type Subsystem struct {
 	hosts    map[string]bool
 	allowAny bool
 	ns       map[uint32]*Namespace
+
+	// fenceMu guards the hosts' fencing states (fence.go); it is taken only
+	// when queues fail, controllers come and go, and commands wait for a
+	// failed queue's.
+	fenceMu sync.Mutex
+	fences  map[string]*hostFence // by host NQN
 }
 
 // AddSubsystem creates a subsystem. Its serial number and (when a data
@@ -56,7 +62,8 @@ func (t *Target) AddSubsystem(cfg SubsystemConfig) (*Subsystem, error) {
 			return nil, fmt.Errorf("target: subsystem %s: allowed host %q: %w", cfg.NQN, h, err)
 		}
 	}
-	s := &Subsystem{t: t, nqn: cfg.NQN, hosts: map[string]bool{}, allowAny: cfg.AllowAnyHost, ns: map[uint32]*Namespace{}}
+	s := &Subsystem{t: t, nqn: cfg.NQN, hosts: map[string]bool{}, allowAny: cfg.AllowAnyHost, ns: map[uint32]*Namespace{},
+		fences: map[string]*hostFence{}}
 	rec := subsystemRecord{NQN: cfg.NQN, Created: time.Now().UTC()}
 	if t.meta != nil {
 		old, ok, err := t.meta.subsystem(cfg.NQN)

@@ -37,6 +37,11 @@ const (
 	DefaultMaxKeepAlive     = 5 * time.Minute
 	DefaultInCapsuleData    = fabric.DefaultInCapsuleData
 	DefaultMaxTransferBytes = fabric.MaxTransfer
+	// DefaultFenceTimeout is longer than the 10 s a write may wait in a
+	// namespace's region for memory before it fails by itself (swap's
+	// reclaim timeout): a failed queue's command that will end is waited
+	// for.
+	DefaultFenceTimeout = 15 * time.Second
 	// BlockSize is the LBA size of every namespace: the page size of the
 	// region, so that one block is one page of residency.
 	BlockSize = 4096
@@ -62,6 +67,7 @@ type config struct {
 	qpTimeout      time.Duration
 	pinnedBudget   int64
 	busyPoll       time.Duration
+	fenceTimeout   time.Duration
 }
 
 // WithProvider sets the nprdma provider (default nprdma/tcp).
@@ -127,6 +133,14 @@ func WithPinnedBudget(budget int64) Option { return func(c *config) { c.pinnedBu
 // of microseconds across vCPUs here) and costs a CPU while commands flow.
 func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }
 
+// WithFenceTimeout sets how long a host's write, write-zeroes or
+// deallocate waits while a command of one of the host's failed queues (its
+// connection was lost; the host may have retried it since) is still
+// changing the same blocks (default DefaultFenceTimeout). After that it
+// fails with Namespace Not Ready, which hosts may retry: letting it through
+// could let the old command overwrite it.
+func WithFenceTimeout(d time.Duration) Option { return func(c *config) { c.fenceTimeout = d } }
+
 // WithQPTimeout sets the queue pairs' peer-silence timeout.
 func WithQPTimeout(d time.Duration) Option { return func(c *config) { c.qpTimeout = d } }
 
@@ -174,6 +188,7 @@ func New(opts ...Option) (*Target, error) {
 		queueDepth:     DefaultQueueDepth,
 		maxTransfer:    DefaultMaxTransferBytes,
 		icd:            DefaultInCapsuleData,
+		fenceTimeout:   DefaultFenceTimeout,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -186,6 +201,9 @@ func New(opts ...Option) (*Target, error) {
 	}
 	if cfg.queueDepth < 2 || cfg.queueDepth > 4096 {
 		return nil, fmt.Errorf("target: queue depth %d outside [2, 4096]", cfg.queueDepth)
+	}
+	if cfg.fenceTimeout <= 0 {
+		return nil, fmt.Errorf("target: fence timeout %v must be positive", cfg.fenceTimeout)
 	}
 	if cfg.pinnedBudget < 0 {
 		return nil, fmt.Errorf("target: pinned budget %d is negative", cfg.pinnedBudget)

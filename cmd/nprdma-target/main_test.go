@@ -395,6 +395,8 @@ func TestBadFlagsNameTheirFlag(t *testing.T) {
 		{[]string{"--default-size", "NaN"}},
 		{[]string{"--busy-poll", "-1s"}},
 		{[]string{"--shutdown-timeout", "-1s"}},
+		{[]string{"--fence-timeout", "0s"}},
+		{[]string{"--fence-timeout", "-1s"}},
 		{[]string{"--gomaxprocs", "-2"}},
 		{[]string{"--allow-host", "nqn.2014-08.org.nvmexpress:uuid:1", "--allow-any-host"}},
 	} {

@@ -42,10 +42,13 @@ func serve(cc *cli.Context) error {
 	// during start-up must still end in a clean shutdown.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	for _, name := range []string{"busy-poll", "max-keep-alive", "shutdown-timeout"} {
+	for _, name := range []string{"busy-poll", "max-keep-alive", "shutdown-timeout", "fence-timeout"} {
 		if d := cc.Duration(name); d < 0 {
 			return fmt.Errorf("--%s %v: negative", name, d)
 		}
+	}
+	if cc.Duration("fence-timeout") == 0 {
+		return errors.New("--fence-timeout 0s: must be positive (a lost queue's writes are waited for at most this long)")
 	}
 	switch n := cc.Int("gomaxprocs"); {
 	case n < 0:
@@ -122,6 +125,7 @@ func serve(cc *cli.Context) error {
 	if d := cc.Duration("max-keep-alive"); d > 0 {
 		opts = append(opts, target.WithKeepAliveTimeout(d))
 	}
+	opts = append(opts, target.WithFenceTimeout(cc.Duration("fence-timeout")))
 	var reg *prometheus.Registry
 	if cc.String("metrics-addr") != "" {
 		reg = prometheus.NewRegistry()
