@@ -47,7 +47,10 @@ func attachCommand() *cli.Command {
 			"  auto: fuse where it can work (root, /dev/fuse, /dev/loop-control), else nbd; it says which and why.\n" +
 			"        --socket or --tcp without --mode mean nbd.\n" +
 			"While the loop device is mounted a teardown is refused (the process keeps serving and says so);\n" +
-			"SIGUSR1 (what `detach --force` sends) unmounts it lazily and tears down anyway.",
+			"SIGUSR1 (what `detach --force` sends) unmounts it lazily and tears down anyway.\n" +
+			"If the target stays unreachable past --ctrl-loss-timeout, or serves another namespace under the NSID\n" +
+			"after a restart, I/O fails with EIO from then on, list shows the attachment as lost or namespace-changed,\n" +
+			"and the teardown exits 1 only if writes or trims it acknowledged were never covered by a flush.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address (tcp: host:port)"},
 			&cli.StringFlag{Name: "nqn", Aliases: []string{"n"}, Required: true, Usage: "subsystem NQN (see discover)"},
@@ -62,7 +65,7 @@ func attachCommand() *cli.Command {
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics (nprdma_initiator_*, nprdma_attach_*, nprdma_nbd_*) on this address, e.g. 127.0.0.1:9421 (port 0: any; the record says which)"},
 			&cli.IntFlag{Name: "io-queues", Usage: "I/O queues (0: one per CPU)"},
 			&cli.IntFlag{Name: "queue-depth", Value: initiator.DefaultQueueDepth, Usage: "entries per I/O queue"},
-			&cli.DurationFlag{Name: "ctrl-loss-timeout", Value: initiator.DefaultLossTimeout, Usage: "how long I/O waits for a reconnect before failing"},
+			&cli.DurationFlag{Name: "ctrl-loss-timeout", Value: initiator.DefaultLossTimeout, Usage: "how long I/O waits for a reconnect before failing (the attachment is then lost: list says so)"},
 			&cli.DurationFlag{Name: "keep-alive", Value: initiator.DefaultKeepAlive, Usage: "keep-alive timeout asked of the target (keep-alives every half of it)"},
 			&cli.BoolFlag{Name: "two-sided", Usage: "read with NVMe Read commands only (no one-sided reads; a baseline)"},
 		},

@@ -25,7 +25,7 @@ func detachCommand() *cli.Command {
 			"cleaned up (dead FUSE mount, stale socket) and its record removed. An attachment whose controller\n" +
 			"is lost, or whose namespace changed on the target (see list), also when its teardown is what finds\n" +
 			"it, is detached like the others and says so; detach fails only if the namespace had acknowledged\n" +
-			"writes that no flush covered, which may be lost, and says how many.",
+			"writes or trims that no flush covered, which may be lost, and says how many.",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "detach every attachment"},
 			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "unmount a mounted loop device (lazily if busy) and abort users of the FUSE file instead of refusing"},
