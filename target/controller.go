@@ -87,11 +87,17 @@ const maxIdleWorkers = 16
 // per command cost an allocation and a start each.
 func (qc *queueConn) handle(r *fabric.Request) {
 	t := qc.t
+	// Counted in flight under the drain lock, so that Shutdown's wait
+	// either counts this command or it sees the drain: none slips past the
+	// final flush.
+	t.drainMu.RLock()
 	if t.draining.Load() {
+		t.drainMu.RUnlock()
 		r.Fail(nvme.Errorf(nvme.StatusAbortedSQDeleted, "target shutting down"))
 		return
 	}
 	t.inflight.Add(1)
+	t.drainMu.RUnlock()
 	if qc.idle.Add(-1) >= 0 {
 		// Never blocks: each command in work holds one of the queue's
 		// Entries() receive buffers, work's capacity.
@@ -370,6 +376,11 @@ func (c *controller) teardown(why string) {
 	for _, q := range c.ioQueues {
 		qs = append(qs, q)
 	}
+	// Fenced before they leave the map: a Connect of the host's checks the
+	// queues there (fenceLost), and must find each still there or fenced.
+	for _, q := range qs {
+		q.fence()
+	}
 	c.ioQueues = map[uint16]*queueConn{}
 	mrs := c.mrs
 	c.mrs = map[uint32]*nprdma.MR{}
@@ -380,7 +391,6 @@ func (c *controller) teardown(why string) {
 		r.Fail(nvme.Errorf(nvme.StatusAbortedSQDeleted, "controller %d torn down", c.id))
 	}
 	for _, q := range qs {
-		q.fence() // before the host's fencing state may go with c
 		q.q.Close()
 	}
 	for _, mr := range mrs {
@@ -409,6 +419,7 @@ func (c *controller) reset() {
 	c.mu.Lock()
 	qs := make([]*queueConn, 0, len(c.ioQueues))
 	for _, q := range c.ioQueues {
+		q.fence() // before it leaves the map (see teardown)
 		qs = append(qs, q)
 	}
 	c.ioQueues = map[uint16]*queueConn{}
@@ -417,7 +428,6 @@ func (c *controller) reset() {
 	c.csts.RDY = false
 	c.mu.Unlock()
 	for _, q := range qs {
-		q.fence()
 		q.q.Close()
 	}
 	for _, mr := range mrs {

@@ -170,6 +170,7 @@ type Target struct {
 	acceptWG  sync.WaitGroup
 
 	draining atomic.Bool
+	drainMu  sync.RWMutex   // orders draining against inflight.Add (handle)
 	inflight sync.WaitGroup // commands executing (not parked AERs)
 	tags     atomic.Uint64
 	genCtr   atomic.Uint64 // discovery log generation
@@ -440,7 +441,9 @@ func (t *Target) stopAccepting() bool {
 		t.mu.Unlock()
 		return false
 	}
+	t.drainMu.Lock()
 	t.draining.Store(true)
+	t.drainMu.Unlock()
 	ln := t.ln
 	t.mu.Unlock()
 	if ln != nil {

@@ -46,6 +46,7 @@ type memController struct {
 	parked []*Request
 	queues []*ControllerQueue
 	seen   chan nvme.Command
+	hook   func(*Request) bool // if set and true, it took the command
 }
 
 const (
@@ -55,6 +56,9 @@ const (
 )
 
 func (m *memController) handle(r *Request) {
+	if m.hook != nil && m.hook(r) {
+		return
+	}
 	if m.seen != nil {
 		select {
 		case m.seen <- r.Cmd:

@@ -315,6 +315,9 @@ func (q *HostQueue) Submit(ctx context.Context, cmd nvme.Command, data []byte) (
 	}
 	buf, err := q.pool.Get(len(data))
 	if err != nil {
+		if qerr := q.Err(); qerr != nil {
+			return nvme.Completion{}, qerr // closed meanwhile, its pool with it: the queue's failure says why
+		}
 		return nvme.Completion{}, fmt.Errorf("nvme fabric: queue %d: %w", q.qid, err)
 	}
 	if dir == nvme.HostToController {
@@ -378,6 +381,9 @@ func (q *HostQueue) submit(ctx context.Context, cmd nvme.Command, icd []byte, da
 		cb, err := q.pool.Get(n)
 		if err != nil {
 			q.recycle(c, cid)
+			if qerr := q.Err(); qerr != nil {
+				return nvme.Completion{}, qerr
+			}
 			return nvme.Completion{}, fmt.Errorf("nvme fabric: queue %d: capsule buffer: %w", q.qid, err)
 		}
 		cmd.MarshalTo(cb.Bytes())
