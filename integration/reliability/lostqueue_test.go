@@ -18,7 +18,6 @@ import (
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
 	"github.com/nprdma/nprdma/target"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // cutter is a host provider whose connections a test can cut: Cut aborts
@@ -118,29 +117,6 @@ func holdFirst(f *blockdev.Faulty, ops blockdev.Op, off int64) (entered <-chan s
 	return in, func() { releaseOnce.Do(func() { close(out) }) }
 }
 
-// commandsDone is how many commands named opcode the target has completed.
-func commandsDone(t testing.TB, reg *prometheus.Registry, opcode string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != "nprdma_target_commands_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "opcode" && l.GetValue() == opcode {
-					sum += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return sum
-}
-
 // lostChange is a command that changes one block, as the lost connection's
 // command in the tests.
 type lostChange struct {
@@ -194,7 +170,7 @@ func testLostChange(t *testing.T, kind fabricKind, old lostChange) {
 
 	entered, release := holdFirst(r.faulty[1], blockdev.OpWrite|blockdev.OpWriteFUA|blockdev.OpDiscard, off)
 	defer release()
-	base := commandsDone(t, r.reg, old.name)
+	base := metric(t, r.reg, "nprdma_target_commands_total", "opcode", old.name)
 	later := make([]byte, blockSize)
 	fillPattern(later, off, 2)
 	oldDone, laterDone := make(chan error, 1), make(chan error, 1)
@@ -254,8 +230,8 @@ func testLostChange(t *testing.T, kind fabricKind, old lostChange) {
 	if old.name == "write" {
 		want++
 	}
-	if !eventually(10*time.Second, func() bool { return commandsDone(t, r.reg, old.name) >= want }) {
-		t.Fatalf("the target completed %v %s commands after the cut, want %v", commandsDone(t, r.reg, old.name)-base, old.name, want-base)
+	if !eventually(10*time.Second, func() bool { return metric(t, r.reg, "nprdma_target_commands_total", "opcode", old.name) >= want }) {
+		t.Fatalf("the target completed %v %s commands after the cut, want %v", metric(t, r.reg, "nprdma_target_commands_total", "opcode", old.name)-base, old.name, want-base)
 	}
 	got := make([]byte, blockSize)
 	if _, err := n.ReadAt(got, off); err != nil {
@@ -385,9 +361,9 @@ func TestWedgedLostWriteIsBounded(t *testing.T) {
 	}
 
 	// The old write leaves the device; the block can be written again.
-	base := commandsDone(t, r.reg, "write") // every write but the old one is done
+	base := metric(t, r.reg, "nprdma_target_commands_total", "opcode", "write") // every write but the old one is done
 	release()
-	if !eventually(10*time.Second, func() bool { return commandsDone(t, r.reg, "write") >= base+1 }) {
+	if !eventually(10*time.Second, func() bool { return metric(t, r.reg, "nprdma_target_commands_total", "opcode", "write") >= base+1 }) {
 		t.Fatal("the old write did not complete after the device let it go")
 	}
 	w3 := make([]byte, blockSize)
@@ -430,7 +406,7 @@ func TestFailedQueueHoldsItsSiblingsAndDropsTheirHeldWrites(t *testing.T) {
 	const block = 7
 	entered, release := holdFirst(r.faulty[1], blockdev.OpWrite, block*blockSize)
 	defer release()
-	base := commandsDone(t, r.reg, "write")
+	base := metric(t, r.reg, "nprdma_target_commands_total", "opcode", "write")
 	w1 := make(chan error, 1)
 	go func() { w1 <- write(q1, block, 1) }()
 	select {
@@ -475,7 +451,7 @@ func TestFailedQueueHoldsItsSiblingsAndDropsTheirHeldWrites(t *testing.T) {
 
 	release()
 	// Queue 1's write, queue 2's two (one dropped).
-	if !eventually(10*time.Second, func() bool { return commandsDone(t, r.reg, "write") >= base+3 }) {
+	if !eventually(10*time.Second, func() bool { return metric(t, r.reg, "nprdma_target_commands_total", "opcode", "write") >= base+3 }) {
 		t.Fatal("queue 1's write did not complete after the device let it go")
 	}
 	q := c.dialIO(t, 1, 16)
