@@ -396,6 +396,10 @@ type Request struct {
 	readDone chan nprdma.Status
 	timer    *time.Timer  // bounds HostData's wait (made on first use, kept with the Request)
 	state    atomic.Int32 // reqExecuting → reqSent → reqReleased
+	// posting is held by Complete from marking the request sent until its
+	// post returned, so that a teardown's abort cannot free the data buffer
+	// the post is still reading.
+	posting sync.Mutex
 }
 
 const (
@@ -513,6 +517,8 @@ func (r *Request) Fail(err error) error {
 // The receive buffer is reposted first, so the host may send its next
 // command as soon as it sees the completion.
 func (r *Request) Complete(c nvme.Completion) error {
+	r.posting.Lock()
+	defer r.posting.Unlock()
 	if !r.state.CompareAndSwap(reqExecuting, reqSent) {
 		return fmt.Errorf("nvme fabric: command %d completed twice", r.Cmd.CID)
 	}
@@ -580,6 +586,10 @@ func (r *Request) abort() {
 	case r.readDone <- nprdma.StatusWRFlushed: // wake a HostData still waiting
 	default:
 	}
+	// A Complete posting right now finishes first: its post fails on the
+	// closed queue pair and releases the request itself.
+	r.posting.Lock()
+	defer r.posting.Unlock()
 	if r.state.CompareAndSwap(reqSent, reqReleased) {
 		r.free()
 	}
