@@ -152,17 +152,7 @@ func TestLostAttachmentIsListedAndDetached(t *testing.T) {
 			t.Errorf("list --json: %s lost since %v: %q", r.Name, r.LostSince, r.LostReason)
 		}
 	}
-	out, _ := e.mustRun("list")
-	for _, r := range lostOnes {
-		if !strings.Contains(out, r.Name+": controller lost since ") || !strings.Contains(out, "not reconnected within 2s") {
-			t.Errorf("list does not say since when and why %s is lost:\n%s", r.Name, out)
-		}
-		for _, l := range strings.Split(out, "\n") {
-			if strings.HasPrefix(l, r.Name+" ") && !strings.Contains(l, " lost ") {
-				t.Errorf("list line of %s does not say lost:\n%s", r.Name, out)
-			}
-		}
-	}
+	e.assertListedDead(lostOnes, "lost", "controller lost since ", "not reconnected within 2s")
 
 	_, stderr, err := e.run("detach", clean.Name)
 	if err != nil || !strings.Contains(stderr, "detached lost-clean") || !strings.Contains(stderr, "controller had been lost since") {
@@ -239,17 +229,7 @@ func TestNamespaceChangedAttachmentIsListedAndDetached(t *testing.T) {
 			t.Errorf("list --json: %s changed since %v: %q", r.Name, r.LostSince, r.LostReason)
 		}
 	}
-	out, _ := e.mustRun("list")
-	for _, r := range []attach.Record{clean, dirty} {
-		if !strings.Contains(out, r.Name+": namespace changed on the target since ") || !strings.Contains(out, "is now 32768 blocks") {
-			t.Errorf("list does not say since when and why the namespace of %s changed:\n%s", r.Name, out)
-		}
-		for _, l := range strings.Split(out, "\n") {
-			if strings.HasPrefix(l, r.Name+" ") && !strings.Contains(l, " namespace-changed ") {
-				t.Errorf("list line of %s does not say namespace-changed:\n%s", r.Name, out)
-			}
-		}
-	}
+	e.assertListedDead([]attach.Record{clean, dirty}, "namespace-changed", "namespace changed on the target since ", "is now 32768 blocks")
 
 	_, stderr, err := e.run("detach", clean.Name)
 	if err != nil || !strings.Contains(stderr, "detached changed-clean") ||
@@ -372,5 +352,22 @@ func TestListCreatesNoRunDir(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Dir(filepath.Dir(e.runDir))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("list or detach created (part of) the run directory %s: %v", e.runDir, err)
+	}
+}
+
+// assertListedDead checks that list's table shows each of recs in state,
+// with a line under it saying since when (since) and why (why).
+func (e *cliEnv) assertListedDead(recs []attach.Record, state, since, why string) {
+	e.t.Helper()
+	out, _ := e.mustRun("list")
+	for _, r := range recs {
+		if !strings.Contains(out, r.Name+": "+since) || !strings.Contains(out, why) {
+			e.t.Errorf("list does not say since when and why %s is %s:\n%s", r.Name, state, out)
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, r.Name+" ") && !strings.Contains(l, " "+state+" ") {
+				e.t.Errorf("list line of %s does not say %s:\n%s", r.Name, state, out)
+			}
+		}
 	}
 }
