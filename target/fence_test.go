@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/blockdev"
+	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/tcp"
@@ -20,7 +21,6 @@ import (
 	"github.com/nprdma/nprdma/nvme/fabric"
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 )
 
 // TestFencingUnderChurn: a host's controllers write, write zeroes and
@@ -230,46 +230,17 @@ func testFencingUnderChurn(t *testing.T, tp, hp nprdma.Provider, listen string) 
 		return true
 	})
 	t.Logf("%d rounds; held writes timed out: %v; fenced commands dropped: %v", round,
-		gaugeValue(t, reg, "nprdma_target_held_timeouts_total"), gaugeValue(t, reg, "nprdma_target_fenced_commands_dropped_total"))
+		promtest.Sum(t, reg, "nprdma_target_held_timeouts_total"), promtest.Sum(t, reg, "nprdma_target_fenced_commands_dropped_total"))
 
 	deadline = time.Now().Add(10 * time.Second)
-	for tg.Controllers() != 0 || target.FenceStates(sub) != 0 || gaugeValue(t, reg, "nprdma_target_commands_held") != 0 {
+	for tg.Controllers() != 0 || target.FenceStates(sub) != 0 || promtest.Sum(t, reg, "nprdma_target_commands_held") != 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("10 s after every host left: %d controllers, %d hosts with fencing state, %v commands held",
-				tg.Controllers(), target.FenceStates(sub), gaugeValue(t, reg, "nprdma_target_commands_held"))
+				tg.Controllers(), target.FenceStates(sub), promtest.Sum(t, reg, "nprdma_target_commands_held"))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	closed = true
 	tg.Close()
 	waitWorkers(t, func(n int) bool { return n == 0 })
-}
-
-// gaugeValue is the value of the target's metric name (summed over labels).
-func gaugeValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += metricValue(m)
-		}
-	}
-	return sum
-}
-
-func metricValue(m *dto.Metric) float64 {
-	switch {
-	case m.GetGauge() != nil:
-		return m.GetGauge().GetValue()
-	case m.GetCounter() != nil:
-		return m.GetCounter().GetValue()
-	}
-	return 0
 }

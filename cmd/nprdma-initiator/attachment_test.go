@@ -27,6 +27,7 @@ import (
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/initiator/attach"
+	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
@@ -199,8 +200,6 @@ func (e *cliEnv) attachDaemon(name string, args ...string) attach.Record {
 	return rec
 }
 
-// commands is how many commands of an opcode ("flush", "dataset-management")
-// the target completed.
 // commandsAbove reports whether the target's count of opcode exceeds n.
 // The target counts a command before it sends the completion, so a host
 // that saw its command finish finds it counted.
@@ -209,26 +208,11 @@ func (e *cliEnv) commandsAbove(opcode string, n float64) bool {
 	return e.commands(opcode) > n
 }
 
+// commands is how many commands of an opcode ("flush", "dataset-management")
+// the target completed.
 func (e *cliEnv) commands(opcode string) float64 {
 	e.t.Helper()
-	mfs, err := e.reg.Gather()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var n float64
-	for _, mf := range mfs {
-		if mf.GetName() != "nprdma_target_commands_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "opcode" && l.GetValue() == opcode {
-					n += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return n
+	return promtest.Sum(e.t, e.reg, "nprdma_target_commands_total", "opcode", opcode)
 }
 
 // assertGone checks that an attachment left nothing behind: no process, no

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/tcp"
@@ -321,7 +322,7 @@ func versionedChurn(t *testing.T, kind fabricKind, seed uint64) {
 		"pages the target read from its backing device for fallback reads: %d; target: %v fenced commands dropped",
 		run, cuts.Load(), st.Reconnects, writes.Load(), fuaWrites.Load(), reads.Load(), readBlocks.Load(), flushes.Load(),
 		retries.Load(), giveUps.Load(), initiator.MaxCommandSessions, notReady.Load(), st.MajorResolved,
-		metric(t, r.reg, "nprdma_target_fenced_commands_dropped_total"))
+		promtest.Sum(t, r.reg, "nprdma_target_fenced_commands_dropped_total"))
 	if t.Failed() {
 		return
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nprdma"
 )
 
@@ -40,8 +41,8 @@ func churnMeasure(t *testing.T, r *targetRig, host *nprdma.Device) churnState {
 	ts, hs := r.tg.Device().Stats(), host.Stats()
 	return churnState{proc: p, heap: ms.HeapInuse, controllers: r.tg.Controllers(),
 		targetQPs: ts.QPs, hostQPs: hs.QPs, targetRegistered: ts.RegisteredBytes, targetNP: ts.UnpinnedBytes,
-		hostRegistered: hs.RegisteredBytes, connections: metric(t, r.reg, "nprdma_target_connections"),
-		poolInUse: metric(t, r.reg, "nprdma_fabric_pool_in_use_bytes")}
+		hostRegistered: hs.RegisteredBytes, connections: promtest.Sum(t, r.reg, "nprdma_target_connections"),
+		poolInUse: promtest.Sum(t, r.reg, "nprdma_fabric_pool_in_use_bytes")}
 }
 
 // Tolerances of the churn check, and why:

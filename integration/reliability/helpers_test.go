@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -27,7 +26,6 @@ import (
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 )
 
 const (
@@ -223,43 +221,6 @@ func openNamespace(t testing.TB, c *initiator.Controller, nsid uint32) *initiato
 		t.Fatalf("namespace %d: %v", nsid, err)
 	}
 	return n
-}
-
-// metric sums the values of the series of the gauge or counter name that
-// carry every label given as name, value pairs (all series if none).
-func metric(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if !hasLabels(m, labels) {
-				continue
-			}
-			switch {
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
-func hasLabels(m *dto.Metric, pairs []string) bool {
-	for i := 0; i+1 < len(pairs); i += 2 {
-		if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == pairs[i] && l.GetValue() == pairs[i+1] }) {
-			return false
-		}
-	}
-	return true
 }
 
 // fillPattern fills p with the seeded content of the bytes at off.

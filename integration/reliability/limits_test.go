@@ -13,6 +13,7 @@ import (
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
 	"github.com/nprdma/nprdma/target"
@@ -85,8 +86,8 @@ func TestLimitConnections(t *testing.T) {
 	t.Logf("refused: %v", err)
 	// The target counts a queue once its accept loop has it, just after the
 	// host saw the ACCEPT.
-	if !eventually(10*time.Second, func() bool { return metric(t, r.reg, "nprdma_target_connections") == 4 }) {
-		t.Fatalf("target counts %v connections, want 4", metric(t, r.reg, "nprdma_target_connections"))
+	if !eventually(10*time.Second, func() bool { return promtest.Sum(t, r.reg, "nprdma_target_connections") == 4 }) {
+		t.Fatalf("target counts %v connections, want 4", promtest.Sum(t, r.reg, "nprdma_target_connections"))
 	}
 	for _, q := range idle {
 		q.Close()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/tcp"
@@ -170,7 +171,7 @@ func testLostChange(t *testing.T, kind fabricKind, old lostChange) {
 
 	entered, release := holdFirst(r.faulty[1], blockdev.OpWrite|blockdev.OpWriteFUA|blockdev.OpDiscard, off)
 	defer release()
-	base := metric(t, r.reg, "nprdma_target_commands_total", "opcode", old.name)
+	base := promtest.Sum(t, r.reg, "nprdma_target_commands_total", "opcode", old.name)
 	later := make([]byte, blockSize)
 	fillPattern(later, off, 2)
 	oldDone, laterDone := make(chan error, 1), make(chan error, 1)
@@ -202,7 +203,7 @@ func testLostChange(t *testing.T, kind fabricKind, old lostChange) {
 			return true
 		default:
 		}
-		return metric(t, r.reg, "nprdma_target_commands_held") >= 1
+		return promtest.Sum(t, r.reg, "nprdma_target_commands_held") >= 1
 	}) {
 		t.Fatalf("30 s after the cut: the retried %s neither completed nor is held by the target", old.name)
 	}
@@ -230,8 +231,8 @@ func testLostChange(t *testing.T, kind fabricKind, old lostChange) {
 	if old.name == "write" {
 		want++
 	}
-	if !eventually(10*time.Second, func() bool { return metric(t, r.reg, "nprdma_target_commands_total", "opcode", old.name) >= want }) {
-		t.Fatalf("the target completed %v %s commands after the cut, want %v", metric(t, r.reg, "nprdma_target_commands_total", "opcode", old.name)-base, old.name, want-base)
+	if !eventually(10*time.Second, func() bool { return promtest.Sum(t, r.reg, "nprdma_target_commands_total", "opcode", old.name) >= want }) {
+		t.Fatalf("the target completed %v %s commands after the cut, want %v", promtest.Sum(t, r.reg, "nprdma_target_commands_total", "opcode", old.name)-base, old.name, want-base)
 	}
 	got := make([]byte, blockSize)
 	if _, err := n.ReadAt(got, off); err != nil {
@@ -356,14 +357,16 @@ func TestWedgedLostWriteIsBounded(t *testing.T) {
 	}
 	t.Logf("other blocks, namespace 2 and host b written and read back in %v while the old write stayed in the device",
 		time.Since(start).Round(time.Millisecond))
-	if held := metric(t, r.reg, "nprdma_target_held_timeouts_total"); held != 2 {
+	if held := promtest.Sum(t, r.reg, "nprdma_target_held_timeouts_total"); held != 2 {
 		t.Errorf("%v writes timed out waiting, want 2", held)
 	}
 
 	// The old write leaves the device; the block can be written again.
-	base := metric(t, r.reg, "nprdma_target_commands_total", "opcode", "write") // every write but the old one is done
+	base := promtest.Sum(t, r.reg, "nprdma_target_commands_total", "opcode", "write") // every write but the old one is done
 	release()
-	if !eventually(10*time.Second, func() bool { return metric(t, r.reg, "nprdma_target_commands_total", "opcode", "write") >= base+1 }) {
+	if !eventually(10*time.Second, func() bool {
+		return promtest.Sum(t, r.reg, "nprdma_target_commands_total", "opcode", "write") >= base+1
+	}) {
 		t.Fatal("the old write did not complete after the device let it go")
 	}
 	w3 := make([]byte, blockSize)
@@ -406,7 +409,7 @@ func TestFailedQueueHoldsItsSiblingsAndDropsTheirHeldWrites(t *testing.T) {
 	const block = 7
 	entered, release := holdFirst(r.faulty[1], blockdev.OpWrite, block*blockSize)
 	defer release()
-	base := metric(t, r.reg, "nprdma_target_commands_total", "opcode", "write")
+	base := promtest.Sum(t, r.reg, "nprdma_target_commands_total", "opcode", "write")
 	w1 := make(chan error, 1)
 	go func() { w1 <- write(q1, block, 1) }()
 	select {
@@ -414,20 +417,20 @@ func TestFailedQueueHoldsItsSiblingsAndDropsTheirHeldWrites(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the write never reached the backing device")
 	}
-	conns := metric(t, r.reg, "nprdma_target_connections")
+	conns := promtest.Sum(t, r.reg, "nprdma_target_connections")
 	q1.Close()
 	if err := <-w1; !errors.Is(err, fabric.ErrQueueFailed) {
 		t.Fatalf("write on the closed queue: %v", err)
 	}
 	// The target notices the loss by itself; a write sent before it has
 	// could not be told from one sent before the loss.
-	if !eventually(10*time.Second, func() bool { return metric(t, r.reg, "nprdma_target_connections") == conns-1 }) {
+	if !eventually(10*time.Second, func() bool { return promtest.Sum(t, r.reg, "nprdma_target_connections") == conns-1 }) {
 		t.Fatal("the target did not notice queue 1's loss")
 	}
 
 	w2 := make(chan error, 1)
 	go func() { w2 <- write(q2, block, 2) }()
-	if !eventually(10*time.Second, func() bool { return metric(t, r.reg, "nprdma_target_commands_held") == 1 }) {
+	if !eventually(10*time.Second, func() bool { return promtest.Sum(t, r.reg, "nprdma_target_commands_held") == 1 }) {
 		t.Fatal("queue 2's write of the same block is not held")
 	}
 	if err := write(q2, block+1, 3); err != nil {
@@ -442,16 +445,18 @@ func TestFailedQueueHoldsItsSiblingsAndDropsTheirHeldWrites(t *testing.T) {
 	if err := <-w2; !errors.Is(err, fabric.ErrQueueFailed) {
 		t.Fatalf("held write on the closed queue: %v", err)
 	}
-	if !eventually(10*time.Second, func() bool { return metric(t, r.reg, "nprdma_target_fenced_commands_dropped_total") == 1 }) {
-		t.Fatalf("%v held writes dropped, want 1", metric(t, r.reg, "nprdma_target_fenced_commands_dropped_total"))
+	if !eventually(10*time.Second, func() bool { return promtest.Sum(t, r.reg, "nprdma_target_fenced_commands_dropped_total") == 1 }) {
+		t.Fatalf("%v held writes dropped, want 1", promtest.Sum(t, r.reg, "nprdma_target_fenced_commands_dropped_total"))
 	}
-	if held := metric(t, r.reg, "nprdma_target_commands_held"); held != 0 {
+	if held := promtest.Sum(t, r.reg, "nprdma_target_commands_held"); held != 0 {
 		t.Fatalf("%v commands still held", held)
 	}
 
 	release()
 	// Queue 1's write, queue 2's two (one dropped).
-	if !eventually(10*time.Second, func() bool { return metric(t, r.reg, "nprdma_target_commands_total", "opcode", "write") >= base+3 }) {
+	if !eventually(10*time.Second, func() bool {
+		return promtest.Sum(t, r.reg, "nprdma_target_commands_total", "opcode", "write") >= base+3
+	}) {
 		t.Fatal("queue 1's write did not complete after the device let it go")
 	}
 	q := c.dialIO(t, 1, 16)

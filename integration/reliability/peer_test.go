@@ -19,6 +19,7 @@ import (
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 )
@@ -198,9 +199,9 @@ func TestTargetSurvivesInitiatorSIGKILL(t *testing.T) {
 		// transfers (for reuse, bounded by the pool); what must come back
 		// is every other registration (the queues' receive buffers) and
 		// the pool's buffers in use.
-		queueBytes := ds.RegisteredBytes - int64(metric(t, r.reg, "nprdma_fabric_pool_registered_bytes"))
+		queueBytes := ds.RegisteredBytes - int64(promtest.Sum(t, r.reg, "nprdma_fabric_pool_registered_bytes"))
 		return snapshot{r.tg.Controllers(), runtime.NumGoroutine(), ds.QPs, ds.UnpinnedBytes, queueBytes,
-			metric(t, r.reg, "nprdma_target_connections"), metric(t, r.reg, "nprdma_fabric_pool_in_use_bytes")}
+			promtest.Sum(t, r.reg, "nprdma_target_connections"), promtest.Sum(t, r.reg, "nprdma_fabric_pool_in_use_bytes")}
 	}
 	if _, err := nb.ReadAt(make([]byte, blockSize), 8<<20); err != nil { // registers the bystander's region
 		t.Fatal(err)
