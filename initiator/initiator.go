@@ -179,7 +179,8 @@ type Controller struct {
 	prom   *promMetrics
 
 	mu       sync.Mutex
-	sess     *session // nil while reconnecting or after loss
+	sess     *session        // nil while reconnecting or after loss
+	instance nvme.NPInstance // the target process of the latest session
 	changed  chan struct{}
 	lostErr  error // set once lost or closed
 	lossAt   time.Time
@@ -241,6 +242,7 @@ func Connect(ctx context.Context, dev *nprdma.Device, addr, subNQN string, opts 
 			return nil, fmt.Errorf("initiator: metrics: %w", err)
 		}
 	}
+	c.instance = s.ident.NP
 	c.install(s)
 	return c, nil
 }
@@ -591,11 +593,22 @@ func (c *Controller) reconnect(old *session) {
 		cancel()
 		if err == nil {
 			c.ctr.reconnects.Add(1)
-			// Warn, as the loss was: a log kept at warn shows the recovery too.
-			c.cfg.log.Warn("initiator: controller reconnected", "subsystem", c.subNQN, "addr", c.addr, "cntlid", s.cntlid, "attempt", attempt)
 			c.mu.Lock()
 			closed := c.closed
+			restarted, unclean := s.ident.NP.RestartedSince(c.instance)
+			if s.ident.NP.BootID != 0 {
+				c.instance = s.ident.NP
+			}
 			c.mu.Unlock()
+			if restarted {
+				c.ctr.targetRestarts.Add(1)
+				if unclean {
+					c.ctr.targetRestartsUnclean.Add(1)
+				}
+			}
+			// Warn, as the loss was: a log kept at warn shows the recovery too.
+			c.cfg.log.Warn("initiator: controller reconnected", "subsystem", c.subNQN, "addr", c.addr, "cntlid", s.cntlid, "attempt", attempt,
+				"target_restarted", restarted, "unclean", unclean)
 			if closed {
 				s.close(context.Background(), false)
 				return

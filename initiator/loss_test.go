@@ -1,12 +1,17 @@
 package initiator
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nprdma/nprdma/internal/promtest"
+	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
 )
@@ -118,5 +123,88 @@ func TestLostSaysSinceWhenAndWhy(t *testing.T) {
 	}
 	if errors.Is(err, fabric.ErrQueueFailed) {
 		t.Errorf("the loss error matches ErrQueueFailed, which callers retry: %v", err)
+	}
+}
+
+// TestTargetRestartSettlesUnflushedChanges: when the initiator reconnects to
+// another target process, what was unflushed is settled: kept, after a clean
+// shutdown (the target flushed it); possibly lost, after a stop without one
+// (the target's volatile cache is gone), which PossiblyLost, the stats and
+// the metrics report. A flushed change is never counted, and a later Flush
+// on the new process does not undo the count.
+func TestTargetRestartSettlesUnflushedChanges(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	spec, tg, _, c := restartable(t, WithIOQueues(1), WithMetrics(reg))
+	ctx := context.Background()
+	n := namespace(t, c)
+	buf := make([]byte, 2*BlockSize)
+	restart := func(clean bool) {
+		t.Helper()
+		var err error
+		if clean {
+			err = tg.Shutdown(ctx)
+		} else {
+			err = tg.Close() // no clean shutdown recorded: to the next process, a crash
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec.prov = tcp.New() // the same address, backing and data directory
+		tg = startTarget(t, spec)
+		t.Cleanup(func() { tg.Close() })
+		// The first operation on the new session settles the namespace.
+		if _, err := n.ReadAt(make([]byte, BlockSize), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(when string, lost Unflushed, restarts, unclean uint64) {
+		t.Helper()
+		if u := n.Unflushed(); u != (Unflushed{}) {
+			t.Errorf("%s: %+v unflushed, want none", when, u)
+		}
+		if got := n.PossiblyLost(); got != lost {
+			t.Errorf("%s: possibly lost %+v, want %+v", when, got, lost)
+		}
+		s := c.Stats()
+		if s.TargetRestarts != restarts || s.TargetRestartsUnclean != unclean {
+			t.Errorf("%s: %d target restarts, %d unclean; want %d, %d", when, s.TargetRestarts, s.TargetRestartsUnclean, restarts, unclean)
+		}
+		if got := promtest.Sum(t, reg, "nprdma_initiator_target_unclean_restarts_total", "subsystem", testSubNQN); got != float64(unclean) {
+			t.Errorf("%s: nprdma_initiator_target_unclean_restarts_total %v, want %d", when, got, unclean)
+		}
+	}
+
+	pattern(buf, 0, 1)
+	if _, err := n.WriteAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	restart(true)
+	check("after a clean restart", Unflushed{}, 1, 0)
+
+	if _, err := n.WriteAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Trim(8*BlockSize, BlockSize); err != nil {
+		t.Fatal(err)
+	}
+	restart(false)
+	lost := Unflushed{Commands: 2, Bytes: 3 * BlockSize}
+	check("after an unclean restart", lost, 2, 1)
+	if err := n.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	check("after a flush on the new process", lost, 2, 1)
+
+	if _, err := n.WriteAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	restart(false)
+	check("after an unclean restart with everything flushed", lost, 3, 2)
+	got := make([]byte, len(buf))
+	if _, err := n.ReadAt(got, 0); err != nil || !bytes.Equal(got, buf) {
+		t.Fatalf("flushed data after the restarts: %v, equal %v", err, bytes.Equal(got, buf))
 	}
 }

@@ -31,6 +31,11 @@ type Stats struct {
 	Writes, Flushes, Trims, WriteZeroes uint64
 	// Reconnects: sessions re-established after a loss.
 	Reconnects uint64
+	// TargetRestarts: reconnects that found another target process;
+	// TargetRestartsUnclean: those after a stop without a clean shutdown, or
+	// from a target that keeps no record of how it stopped, where writes
+	// not flushed may have been lost (see Namespace.PossiblyLost).
+	TargetRestarts, TargetRestartsUnclean uint64
 }
 
 // OneSidedShare is the fraction of read transfers that completed with the
@@ -47,6 +52,7 @@ type counters struct {
 	suspectedPages, fallbackReads, fallbackPages, falsePositives atomic.Uint64
 	minorResolved, majorResolved, twoSidedReads                  atomic.Uint64
 	writes, flushes, trims, writeZeroes, reconnects              atomic.Uint64
+	targetRestarts, targetRestartsUnclean                        atomic.Uint64
 }
 
 // Stats returns a snapshot of the controller's counters.
@@ -60,6 +66,7 @@ func (c *Controller) Stats() Stats {
 		MinorResolved: k.minorResolved.Load(), MajorResolved: k.majorResolved.Load(),
 		TwoSidedReads: k.twoSidedReads.Load(), Writes: k.writes.Load(), Flushes: k.flushes.Load(),
 		Trims: k.trims.Load(), WriteZeroes: k.writeZeroes.Load(), Reconnects: k.reconnects.Load(),
+		TargetRestarts: k.targetRestarts.Load(), TargetRestartsUnclean: k.targetRestartsUnclean.Load(),
 	}
 	s.Reads = s.OneSidedReads + s.TwoSidedReads
 	return s
@@ -99,23 +106,25 @@ type promMetrics struct {
 }
 
 var counterHelp = map[string]string{
-	"nprdma_initiator_reads_total":                "Read transfers (ReadAt split by the transfer limit).",
-	"nprdma_initiator_reads_one_sided_total":      "Read transfers served by the one-sided READ alone.",
-	"nprdma_initiator_one_sided_read_ops_total":   "One-sided RDMA READs issued.",
-	"nprdma_initiator_one_sided_read_pages_total": "Pages read with one-sided RDMA READs.",
-	"nprdma_initiator_one_sided_read_bytes_total": "Bytes read with one-sided RDMA READs.",
-	"nprdma_initiator_suspected_faults_total":     "Pages found holding the magic page (suspected remote faults).",
-	"nprdma_initiator_fallback_reads_total":       "NVMe Read commands issued for suspected pages.",
-	"nprdma_initiator_fallback_pages_total":       "Pages read with NVMe Read commands for suspected pages.",
-	"nprdma_initiator_two_sided_reads_total":      "Read transfers done with NVMe Read alone (no one-sided READ).",
-	"nprdma_initiator_writes_total":               "Write commands completed.",
-	"nprdma_initiator_flushes_total":              "Flush commands completed.",
-	"nprdma_initiator_trims_total":                "Dataset Management (deallocate) commands completed.",
-	"nprdma_initiator_write_zeroes_total":         "Write Zeroes commands completed.",
-	"nprdma_initiator_false_positives_total":      "Suspected pages whose content really is the magic page.",
-	"nprdma_initiator_minor_faults_total":         "Faults the target resolved without device I/O for fallback reads.",
-	"nprdma_initiator_major_faults_total":         "Faults the target resolved from its backing device for fallback reads.",
-	"nprdma_initiator_reconnects_total":           "Sessions re-established after a connection loss.",
+	"nprdma_initiator_reads_total":                   "Read transfers (ReadAt split by the transfer limit).",
+	"nprdma_initiator_reads_one_sided_total":         "Read transfers served by the one-sided READ alone.",
+	"nprdma_initiator_one_sided_read_ops_total":      "One-sided RDMA READs issued.",
+	"nprdma_initiator_one_sided_read_pages_total":    "Pages read with one-sided RDMA READs.",
+	"nprdma_initiator_one_sided_read_bytes_total":    "Bytes read with one-sided RDMA READs.",
+	"nprdma_initiator_suspected_faults_total":        "Pages found holding the magic page (suspected remote faults).",
+	"nprdma_initiator_fallback_reads_total":          "NVMe Read commands issued for suspected pages.",
+	"nprdma_initiator_fallback_pages_total":          "Pages read with NVMe Read commands for suspected pages.",
+	"nprdma_initiator_two_sided_reads_total":         "Read transfers done with NVMe Read alone (no one-sided READ).",
+	"nprdma_initiator_writes_total":                  "Write commands completed.",
+	"nprdma_initiator_flushes_total":                 "Flush commands completed.",
+	"nprdma_initiator_trims_total":                   "Dataset Management (deallocate) commands completed.",
+	"nprdma_initiator_write_zeroes_total":            "Write Zeroes commands completed.",
+	"nprdma_initiator_false_positives_total":         "Suspected pages whose content really is the magic page.",
+	"nprdma_initiator_minor_faults_total":            "Faults the target resolved without device I/O for fallback reads.",
+	"nprdma_initiator_major_faults_total":            "Faults the target resolved from its backing device for fallback reads.",
+	"nprdma_initiator_reconnects_total":              "Sessions re-established after a connection loss.",
+	"nprdma_initiator_target_restarts_total":         "Reconnects that found another target process.",
+	"nprdma_initiator_target_unclean_restarts_total": "Target restarts after a stop without a clean shutdown (or with no record of it): unflushed writes may be lost.",
 }
 
 func newPromMetrics(reg prometheus.Registerer, c *Controller) (*promMetrics, error) {
@@ -163,23 +172,25 @@ func (m *promMetrics) Describe(ch chan<- *prometheus.Desc) {
 func (m *promMetrics) Collect(ch chan<- prometheus.Metric) {
 	s := m.c.Stats()
 	values := map[string]uint64{
-		"nprdma_initiator_reads_total":                s.Reads,
-		"nprdma_initiator_reads_one_sided_total":      s.ReadsOneSided,
-		"nprdma_initiator_one_sided_read_ops_total":   s.OneSidedReads,
-		"nprdma_initiator_one_sided_read_pages_total": s.OneSidedPages,
-		"nprdma_initiator_one_sided_read_bytes_total": s.OneSidedBytes,
-		"nprdma_initiator_suspected_faults_total":     s.SuspectedPages,
-		"nprdma_initiator_fallback_reads_total":       s.FallbackReads,
-		"nprdma_initiator_fallback_pages_total":       s.FallbackPages,
-		"nprdma_initiator_two_sided_reads_total":      s.TwoSidedReads,
-		"nprdma_initiator_writes_total":               s.Writes,
-		"nprdma_initiator_flushes_total":              s.Flushes,
-		"nprdma_initiator_trims_total":                s.Trims,
-		"nprdma_initiator_write_zeroes_total":         s.WriteZeroes,
-		"nprdma_initiator_false_positives_total":      s.FalsePositives,
-		"nprdma_initiator_minor_faults_total":         s.MinorResolved,
-		"nprdma_initiator_major_faults_total":         s.MajorResolved,
-		"nprdma_initiator_reconnects_total":           s.Reconnects,
+		"nprdma_initiator_reads_total":                   s.Reads,
+		"nprdma_initiator_reads_one_sided_total":         s.ReadsOneSided,
+		"nprdma_initiator_one_sided_read_ops_total":      s.OneSidedReads,
+		"nprdma_initiator_one_sided_read_pages_total":    s.OneSidedPages,
+		"nprdma_initiator_one_sided_read_bytes_total":    s.OneSidedBytes,
+		"nprdma_initiator_suspected_faults_total":        s.SuspectedPages,
+		"nprdma_initiator_fallback_reads_total":          s.FallbackReads,
+		"nprdma_initiator_fallback_pages_total":          s.FallbackPages,
+		"nprdma_initiator_two_sided_reads_total":         s.TwoSidedReads,
+		"nprdma_initiator_writes_total":                  s.Writes,
+		"nprdma_initiator_flushes_total":                 s.Flushes,
+		"nprdma_initiator_trims_total":                   s.Trims,
+		"nprdma_initiator_write_zeroes_total":            s.WriteZeroes,
+		"nprdma_initiator_false_positives_total":         s.FalsePositives,
+		"nprdma_initiator_minor_faults_total":            s.MinorResolved,
+		"nprdma_initiator_major_faults_total":            s.MajorResolved,
+		"nprdma_initiator_reconnects_total":              s.Reconnects,
+		"nprdma_initiator_target_restarts_total":         s.TargetRestarts,
+		"nprdma_initiator_target_unclean_restarts_total": s.TargetRestartsUnclean,
 	}
 	for name, v := range values {
 		ch <- prometheus.MustNewConstMetric(m.descs[name], prometheus.CounterValue, float64(v))

@@ -46,11 +46,15 @@ type Unflushed struct {
 
 // durability counts the changes acknowledged and those a successful Flush
 // covered. A Flush covers what completed before it was sent, so it takes
-// its snapshot then; one that fails covers nothing.
+// its snapshot then; one that fails covers nothing. A target restart ends
+// what is unflushed: the target flushed it at a clean shutdown, or it may
+// be lost (counted in lost).
 type durability struct {
-	mu      sync.Mutex
-	acked   Unflushed // cumulative
-	flushed Unflushed // the acked snapshot of the latest successful Flush
+	mu       sync.Mutex
+	acked    Unflushed // cumulative
+	flushed  Unflushed // the acked snapshot of the latest successful Flush
+	lost     Unflushed // cumulative: unflushed when the target restarted uncleanly
+	instance nvme.NPInstance
 }
 
 func (d *durability) changed(bytes int64) {
@@ -74,6 +78,28 @@ func (d *durability) covered(upTo Unflushed) {
 	d.mu.Unlock()
 }
 
+// sawInstance records the target instance of a new session. If the target
+// restarted since the last one, what was unflushed stops being so: kept by
+// a clean shutdown, or counted lost and returned.
+func (d *durability) sawInstance(now nvme.NPInstance) (restarted, mayHaveLost bool, unflushed Unflushed) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	restarted, mayHaveLost = now.RestartedSince(d.instance)
+	if now.BootID != 0 {
+		d.instance = now
+	}
+	if !restarted {
+		return false, false, Unflushed{}
+	}
+	unflushed = Unflushed{Commands: d.acked.Commands - d.flushed.Commands, Bytes: d.acked.Bytes - d.flushed.Bytes}
+	d.flushed = d.acked
+	if mayHaveLost {
+		d.lost.Commands += unflushed.Commands
+		d.lost.Bytes += unflushed.Bytes
+	}
+	return restarted, mayHaveLost, unflushed
+}
+
 // Unflushed reports the changes the namespace acknowledged since the
 // snapshot of its last successful Flush: what a lost controller may have
 // lost. A FUA write is durable when acknowledged and is not counted.
@@ -82,6 +108,33 @@ func (n *Namespace) Unflushed() Unflushed {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return Unflushed{Commands: d.acked.Commands - d.flushed.Commands, Bytes: d.acked.Bytes - d.flushed.Bytes}
+}
+
+// PossiblyLost reports the changes the namespace acknowledged that were
+// still unflushed when the target restarted without a clean shutdown (or
+// without a record of how it stopped): its volatile cache may have lost
+// them. It only grows; a later Flush does not bring them back.
+func (n *Namespace) PossiblyLost() Unflushed {
+	d := &n.durability
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lost
+}
+
+// noteInstance checks the target instance of session s against the one
+// the namespace last saw, and says what a restart did to the unflushed
+// changes.
+func (n *Namespace) noteInstance(s *session) {
+	restarted, mayHaveLost, u := n.durability.sawInstance(s.ident.NP)
+	switch {
+	case !restarted:
+	case mayHaveLost && u.Commands > 0:
+		n.c.cfg.log.Error("initiator: the target restarted without a clean shutdown; changes acknowledged since the last flush may be lost",
+			"subsystem", n.c.subNQN, "nsid", n.nsid, "changes", u.Commands, "bytes", u.Bytes)
+	default:
+		n.c.cfg.log.Info("initiator: the target restarted; nothing unflushed was at risk",
+			"subsystem", n.c.subNQN, "nsid", n.nsid, "clean", !mayHaveLost)
+	}
 }
 
 var _ blockio.Backend = (*Namespace)(nil)
@@ -95,6 +148,7 @@ func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, er
 			return err
 		}
 		n.blocks, n.nguid = id.NSZE, id.NGUID
+		n.durability.sawInstance(s.ident.NP)
 		n.verified.Store(s)
 		ids := make([]byte, nvme.IdentifySize)
 		if _, err := s.admin.Submit(ctx, nvme.IdentifyCommand(nvme.CNSNamespaceDescriptors, nsid, nvme.NullSGL()), ids); err == nil {
@@ -159,6 +213,7 @@ func (n *Namespace) do(ctx context.Context, fn func(s *session) error) error {
 			case err != nil:
 				return err // a transport failure is retried by c.do; others fail this operation
 			}
+			n.noteInstance(s)
 			n.verified.Store(s)
 		}
 		return fn(s)

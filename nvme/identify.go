@@ -196,6 +196,7 @@ type IdentifyController struct {
 	MSDBD     uint8                // @1803 max SGL data block descriptors
 	OFCS      uint16               // @1804 optional fabrics commands supported
 	PSD0      PowerStateDescriptor // @2048 power state 0
+	NP        NPInstance           // @3072 vendor specific: the NP extension's target instance (zero: not reported)
 }
 
 // Marshal returns the 4096-byte structure. It fails if a string does not fit
@@ -270,6 +271,7 @@ func (id *IdentifyController) Marshal() ([]byte, error) {
 	b[1803] = id.MSDBD
 	le.PutUint16(b[1804:], id.OFCS)
 	id.PSD0.marshal(b[2048:2080])
+	id.NP.marshal(b[3072:3092])
 	return b, nil
 }
 
@@ -340,6 +342,7 @@ func (id *IdentifyController) Unmarshal(b []byte) error {
 		OFCS:      le.Uint16(b[1804:]),
 	}
 	id.PSD0.unmarshal(b[2048:2080])
+	id.NP.unmarshal(b[3072:3092])
 	return nil
 }
 

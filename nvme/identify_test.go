@@ -26,6 +26,7 @@ func sampleController() IdentifyController {
 		SUBNQN: "nqn.2024-01.io.nprdma:subsys1",
 		IOCCSZ: 260, IORCSZ: 1, ICDOFF: 0, FCATT: 0, MSDBD: 1, OFCS: 0,
 		PSD0: PowerStateDescriptor{MP: 0x9c4, Flags: 0, ENLAT: 16, EXLAT: 4, RRT: 0, RRL: 0, RWT: 0, RWL: 0},
+		NP:   NPInstance{BootID: 0x1122334455667788, UncleanStarts: 3, Flags: NPInstanceTracked},
 	}
 }
 
@@ -86,6 +87,9 @@ func TestIdentifyControllerOffsets(t *testing.T) {
 		{"PSD0.MP @2048", uint64(u16(2048)), 0x9c4},
 		{"PSD0.ENLAT @2052", uint64(u32(2052)), 16},
 		{"PSD0.EXLAT @2056", uint64(u32(2056)), 4},
+		{"NP.BootID @3072", binary.LittleEndian.Uint64(b[3072:]), 0x1122334455667788},
+		{"NP.UncleanStarts @3080", binary.LittleEndian.Uint64(b[3080:]), 3},
+		{"NP.Flags @3088", uint64(u32(3088)), 1},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

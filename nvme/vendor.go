@@ -7,8 +7,54 @@ import (
 
 // The NP extension: two commands in vendor specific opcode space that let an
 // nprdma initiator read a namespace with one-sided RDMA READs straight out
-// of the target's unpinned memory region. Stock hosts never send them. See
-// docs/nvme.md for the protocol.
+// of the target's unpinned memory region, and the target's instance in
+// Identify Controller's vendor specific area. Stock hosts never send the
+// commands and ignore the area. See docs/nvme.md for the protocol.
+
+// NPInstance tells a host whether the target restarted between two of its
+// sessions and whether that restart may have lost writes: a target that
+// stops without a clean shutdown loses what it acknowledged but had not
+// flushed (its volatile write cache), and nothing else. Identify
+// Controller @3072 (20 bytes, little-endian):
+//
+//	@0  u64 BootID: random, fixed for the life of the target process; 0: not reported
+//	@8  u64 UncleanStarts: how many times the target started after a run that
+//	        did not shut down cleanly (counted in its data directory)
+//	@16 u32 Flags (NPInstanceTracked)
+type NPInstance struct {
+	BootID        uint64
+	UncleanStarts uint64
+	Flags         uint32
+}
+
+// NPInstanceTracked: UncleanStarts is kept durably. Without it (a target
+// with no data directory) a host cannot tell a clean restart from a crash.
+const NPInstanceTracked uint32 = 1 << 0
+
+func (p *NPInstance) marshal(b []byte) {
+	le.PutUint64(b[0:], p.BootID)
+	le.PutUint64(b[8:], p.UncleanStarts)
+	le.PutUint32(b[16:], p.Flags)
+}
+
+func (p *NPInstance) unmarshal(b []byte) {
+	p.BootID = le.Uint64(b[0:])
+	p.UncleanStarts = le.Uint64(b[8:])
+	p.Flags = le.Uint32(b[16:])
+}
+
+// RestartedSince reports whether the target of instance p is another
+// process than that of prev, and if so whether it may have lost writes
+// acknowledged to prev and not flushed: it started after an unclean stop
+// since prev, or it cannot tell. Instances not reported (BootID 0) never
+// count as a restart.
+func (p NPInstance) RestartedSince(prev NPInstance) (restarted, mayHaveLost bool) {
+	if p.BootID == 0 || prev.BootID == 0 || p.BootID == prev.BootID {
+		return false, false
+	}
+	tracked := p.Flags&NPInstanceTracked != 0 && prev.Flags&NPInstanceTracked != 0
+	return true, !tracked || p.UncleanStarts != prev.UncleanStarts
+}
 
 // RegionDescriptorFormat1 is the only region descriptor format so far.
 const RegionDescriptorFormat1 = 1

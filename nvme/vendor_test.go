@@ -140,3 +140,27 @@ func TestNPCommands(t *testing.T) {
 		}
 	}
 }
+
+func TestNPInstanceRestartedSince(t *testing.T) {
+	tracked := func(boot, unclean uint64) NPInstance {
+		return NPInstance{BootID: boot, UncleanStarts: unclean, Flags: NPInstanceTracked}
+	}
+	for _, c := range []struct {
+		name                   string
+		prev, now              NPInstance
+		restarted, mayHaveLost bool
+	}{
+		{"same process", tracked(7, 2), tracked(7, 2), false, false},
+		{"clean restart", tracked(7, 2), tracked(8, 2), true, false},
+		{"restart after a crash", tracked(7, 2), tracked(8, 3), true, true},
+		{"untracked restart", NPInstance{BootID: 7}, NPInstance{BootID: 8}, true, true},
+		{"tracking lost", tracked(7, 2), NPInstance{BootID: 8, UncleanStarts: 2}, true, true},
+		{"not reported before", NPInstance{}, tracked(8, 3), false, false},
+		{"not reported now", tracked(7, 2), NPInstance{}, false, false},
+	} {
+		restarted, lost := c.now.RestartedSince(c.prev)
+		if restarted != c.restarted || lost != c.mayHaveLost {
+			t.Errorf("%s: restarted %v, may have lost %v; want %v, %v", c.name, restarted, lost, c.restarted, c.mayHaveLost)
+		}
+	}
+}

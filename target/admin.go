@@ -212,6 +212,7 @@ func (c *controller) identifyController() *nvme.IdentifyController {
 		IOCCSZ: nvme.IOCCSZFor(t.cfg.icd), IORCSZ: 1, MSDBD: 1,
 		CMIC: nvme.CMICMultiController,
 		PSD0: nvme.PowerStateDescriptor{MP: 2500},
+		NP:   t.instance,
 	}
 	if c.discovery() {
 		id.SN = "discovery"

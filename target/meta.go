@@ -46,6 +46,7 @@ type namespaceRecord struct {
 
 const (
 	keyCleanShutdown = "state/clean-shutdown"
+	keyUncleanStarts = "state/unclean-starts"
 	valueLogGCEvery  = 10 * time.Minute
 )
 
@@ -147,12 +148,19 @@ func (m *metaStore) putNamespace(r namespaceRecord) error {
 
 // markRunning removes the clean-shutdown marker and reports how the
 // previous run ended: cleanly if it left the marker, not at all if the store
-// is empty (nothing was ever recorded, so no run served), else uncleanly.
-func (m *metaStore) markRunning() (PreviousRun, error) {
+// is empty (nothing was ever recorded, so no run served), else uncleanly. It
+// also returns how many starts followed an unclean run, this one included,
+// over the life of the store (hosts compare it across reconnects: see
+// nvme.NPInstance).
+func (m *metaStore) markRunning() (PreviousRun, uint64, error) {
 	var at time.Time
 	clean, err := m.get([]byte(keyCleanShutdown), &at)
 	if err != nil {
-		return PreviousRunUnknown, err
+		return PreviousRunUnknown, 0, err
+	}
+	var unclean uint64
+	if _, err := m.get([]byte(keyUncleanStarts), &unclean); err != nil {
+		return PreviousRunUnknown, 0, err
 	}
 	empty := false
 	if err := m.db.View(func(txn *badger.Txn) error {
@@ -162,7 +170,7 @@ func (m *metaStore) markRunning() (PreviousRun, error) {
 		empty = !it.Valid()
 		return nil
 	}); err != nil {
-		return PreviousRunUnknown, err
+		return PreviousRunUnknown, 0, err
 	}
 	prev := PreviousRunUnclean
 	switch {
@@ -170,9 +178,25 @@ func (m *metaStore) markRunning() (PreviousRun, error) {
 		prev = PreviousRunClean
 	case empty:
 		prev = PreviousRunNone
+	default:
+		unclean++
 	}
-	err = m.db.Update(func(txn *badger.Txn) error { return txn.Delete([]byte(keyCleanShutdown)) })
-	return prev, err
+	b, err := json.Marshal(unclean)
+	if err != nil {
+		return PreviousRunUnknown, 0, err
+	}
+	err = m.db.Update(func(txn *badger.Txn) error {
+		if prev == PreviousRunUnclean {
+			if err := txn.Set([]byte(keyUncleanStarts), b); err != nil {
+				return err
+			}
+		}
+		return txn.Delete([]byte(keyCleanShutdown))
+	})
+	if err != nil {
+		return PreviousRunUnknown, 0, fmt.Errorf("metadata: recording the start: %w", err)
+	}
+	return prev, unclean, nil
 }
 
 // markClean records a clean shutdown: every dirty page was flushed.

@@ -3,6 +3,8 @@ package target
 import (
 	"log/slog"
 	"testing"
+
+	"github.com/nprdma/nprdma/nvme"
 )
 
 func TestMetaStorePersistsIdentityAndShutdownState(t *testing.T) {
@@ -11,9 +13,9 @@ func TestMetaStorePersistsIdentityAndShutdownState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prev, err := m.markRunning()
-	if err != nil || prev != PreviousRunNone {
-		t.Fatalf("first start: previous run %v, err %v; want %v", prev, err, PreviousRunNone)
+	prev, unclean, err := m.markRunning()
+	if err != nil || prev != PreviousRunNone || unclean != 0 {
+		t.Fatalf("first start: previous run %v, %d unclean starts, err %v; want %v, 0", prev, unclean, err, PreviousRunNone)
 	}
 	ns := namespaceRecord{SubNQN: "nqn.2026-11.io.nprdma:a", NSID: 1, Backing: "/x", Size: 1 << 30,
 		NGUID: [16]byte{1, 2, 3}, UUID: [16]byte{9, 8, 7}}
@@ -36,14 +38,22 @@ func TestMetaStorePersistsIdentityAndShutdownState(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.close()
-	prev, err = m.markRunning()
-	if err != nil || prev != PreviousRunClean {
-		t.Fatalf("after clean shutdown: previous run %v, err %v; want %v", prev, err, PreviousRunClean)
+	prev, unclean, err = m.markRunning()
+	if err != nil || prev != PreviousRunClean || unclean != 0 {
+		t.Fatalf("after clean shutdown: previous run %v, %d unclean starts, err %v; want %v, 0", prev, unclean, err, PreviousRunClean)
 	}
 	// The marker is consumed: without a clean shutdown in between, a store
-	// that holds records reads as a crash.
-	if prev, _ = m.markRunning(); prev != PreviousRunUnclean {
-		t.Fatalf("marker not consumed: previous run %v, want %v", prev, PreviousRunUnclean)
+	// that holds records reads as a crash, and each such start is counted.
+	for want := uint64(1); want <= 2; want++ {
+		if prev, unclean, _ = m.markRunning(); prev != PreviousRunUnclean || unclean != want {
+			t.Fatalf("marker not consumed: previous run %v, %d unclean starts; want %v, %d", prev, unclean, PreviousRunUnclean, want)
+		}
+	}
+	if err := m.markClean(); err != nil {
+		t.Fatal(err)
+	}
+	if prev, unclean, _ = m.markRunning(); prev != PreviousRunClean || unclean != 2 {
+		t.Fatalf("after a clean shutdown: previous run %v, %d unclean starts; want %v, 2 (kept)", prev, unclean, PreviousRunClean)
 	}
 	got, ok, err := m.namespace(ns.SubNQN, 1)
 	if err != nil || !ok || got.NGUID != ns.NGUID || got.UUID != ns.UUID || got.Backing != "/x" {
@@ -65,7 +75,10 @@ func TestMetaStorePersistsIdentityAndShutdownState(t *testing.T) {
 // Close.
 func TestFailedStartKeepsPreviousRun(t *testing.T) {
 	dir := t.TempDir()
-	start := func(want PreviousRun) *Target {
+	boots := map[uint64]bool{}
+	// Each start is another process to hosts (a new boot ID); each start
+	// after a crash is counted (nvme.NPInstance).
+	start := func(want PreviousRun, unclean uint64) *Target {
 		t.Helper()
 		tg, err := New(WithDataDir(dir), WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
@@ -74,23 +87,42 @@ func TestFailedStartKeepsPreviousRun(t *testing.T) {
 		if got := tg.PreviousRun(); got != want {
 			t.Fatalf("previous run %v, want %v", got, want)
 		}
+		in := tg.Instance()
+		if in.BootID == 0 || boots[in.BootID] || in.Flags&nvme.NPInstanceTracked == 0 || in.UncleanStarts != unclean {
+			t.Fatalf("instance %+v: want a new boot ID, tracked, %d unclean starts", in, unclean)
+		}
+		boots[in.BootID] = true
 		return tg
 	}
-	tg := start(PreviousRunNone)
+	tg := start(PreviousRunNone, 0)
 	if _, err := tg.AddSubsystem(SubsystemConfig{NQN: "nqn.2026-11.io.nprdma:failed", AllowAnyHost: true}); err != nil {
 		t.Fatal(err)
 	}
 	tg.Close() // as the CLI does when a later step of its start fails
-	tg = start(PreviousRunClean)
+	tg = start(PreviousRunClean, 0)
 	// A crash: the process dies without closing anything.
 	tg.closeMeta()
 	tg.dev.Close()
-	tg = start(PreviousRunUnclean)
+	tg = start(PreviousRunUnclean, 1)
 	tg.Close()
-	tg = start(PreviousRunUnclean) // the failed start did not hide the crash
+	tg = start(PreviousRunUnclean, 2) // the failed start did not hide the crash
 	tg.Shutdown(t.Context())
-	tg = start(PreviousRunClean)
+	tg = start(PreviousRunClean, 2)
 	tg.accepted.Store(true) // served: Close without a drain is not clean
 	tg.Close()
-	start(PreviousRunUnclean).Close()
+	start(PreviousRunUnclean, 3).Close()
+}
+
+// TestInstanceWithoutDataDir: a target without a data directory still
+// reports a boot ID, but not as tracked: hosts cannot tell its clean
+// restarts from crashes.
+func TestInstanceWithoutDataDir(t *testing.T) {
+	tg, err := New(WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	if in := tg.Instance(); in.BootID == 0 || in.Flags&nvme.NPInstanceTracked != 0 || in.UncleanStarts != 0 {
+		t.Fatalf("instance %+v: want a boot ID, untracked", in)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"sort"
 	"sync"
@@ -156,7 +157,8 @@ type Target struct {
 	pins *pinnedArena // the baseline mode's pinned memory, else nil
 
 	prevRun  PreviousRun
-	accepted atomic.Bool // a connection was accepted: this run may have changed data
+	instance nvme.NPInstance // what hosts see of this process (Identify Controller)
+	accepted atomic.Bool     // a connection was accepted: this run may have changed data
 
 	mu        sync.Mutex
 	subs      map[string]*Subsystem
@@ -211,6 +213,7 @@ func New(opts ...Option) (*Target, error) {
 	}
 	t := &Target{cfg: cfg, log: cfg.log, subs: map[string]*Subsystem{}, ctrls: map[uint16]*controller{},
 		queues: map[*queueConn]struct{}{}, nextCNTL: 1}
+	t.instance.BootID = newBootID()
 	// The namespace regions are registered unpinned; only the baseline
 	// mode pins (its namespaces and the data pool).
 	pinned := cfg.pinnedBudget > 0
@@ -238,9 +241,10 @@ func New(opts ...Option) (*Target, error) {
 		if t.meta, err = openMeta(cfg.dataDir, t.log); err != nil {
 			return fail(err)
 		}
-		if t.prevRun, err = t.meta.markRunning(); err != nil {
+		if t.prevRun, t.instance.UncleanStarts, err = t.meta.markRunning(); err != nil {
 			return fail(err)
 		}
+		t.instance.Flags |= nvme.NPInstanceTracked
 	}
 	if cfg.reg != nil {
 		if t.met, err = newMetrics(cfg.reg, t); err != nil {
@@ -248,6 +252,15 @@ func New(opts ...Option) (*Target, error) {
 		}
 	}
 	return t, nil
+}
+
+// newBootID returns a random, non-zero identifier of this process.
+func newBootID() uint64 {
+	for {
+		if id := rand.Uint64(); id != 0 {
+			return id
+		}
+	}
 }
 
 // PreviousRun is how the previous run with the same data directory ended.
@@ -280,6 +293,11 @@ func (p PreviousRun) String() string {
 // PreviousRun reports how the previous run with the same data directory
 // ended.
 func (t *Target) PreviousRun() PreviousRun { return t.prevRun }
+
+// Instance is what hosts see of this process in Identify Controller: a
+// random boot ID and, with a data directory, how many starts followed an
+// unclean run.
+func (t *Target) Instance() nvme.NPInstance { return t.instance }
 
 // Device is the target's nprdma device.
 func (t *Target) Device() *nprdma.Device { return t.dev }

@@ -457,6 +457,9 @@ func (a *attachment) tearDown(force bool) (refused bool, err error) {
 			}
 		}
 	}
+	if err := a.restartLossError(); err != nil {
+		errs = append(errs, err)
+	}
 	if a.metrics != nil {
 		a.metrics.Close()
 		a.metrics = nil
@@ -487,12 +490,31 @@ func (a *attachment) finalFlushError(err error) error {
 		a.say("%s: the final flush failed, but nothing acknowledged was left unflushed: %v", a.req.name, err)
 		return nil
 	}
-	what := fmt.Sprintf("%d writes or trims", u.Commands)
-	if u.Commands == 1 {
-		what = "1 write or trim"
-	}
 	return fmt.Errorf("%s (%s) that the initiator acknowledged since its last successful flush could not be flushed and may be lost: %w",
-		what, humanSize(u.Bytes), err)
+		changes(u.Commands), humanSize(u.Bytes), err)
+}
+
+// restartLossError reports the changes that were unflushed when the target
+// restarted without a clean shutdown (initiator.Namespace.PossiblyLost): a
+// final flush on the new target process cannot vouch for them.
+func (a *attachment) restartLossError() error {
+	if a.ns == nil {
+		return nil
+	}
+	u := a.ns.PossiblyLost()
+	if u.Commands == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s (%s) that the initiator acknowledged had not been flushed when the target restarted without a clean shutdown, and may be lost",
+		changes(u.Commands), humanSize(u.Bytes))
+}
+
+// changes names n acknowledged writes, trims and write-zeroes.
+func changes(n int64) string {
+	if n == 1 {
+		return "1 write or trim"
+	}
+	return fmt.Sprintf("%d writes or trims", n)
 }
 
 // noteDeath records that the attachment's I/O fails for good, if it does

@@ -71,12 +71,14 @@ type cliEnv struct {
 	addr   string
 	reg    *prometheus.Registry
 	runDir string
+	dir    string // the target's backing and metadata
 }
 
 func newCLIEnv(t *testing.T) *cliEnv {
 	t.Helper()
 	e := &cliEnv{t: t}
 	dir := t.TempDir()
+	e.dir = dir
 	e.startTarget("127.0.0.1:0", dir, nsSize)
 	t.Cleanup(func() { e.tg.Close() }) // after the attachments are gone (cleanups run last-in first-out)
 	e.runDir = filepath.Join(dir, "run")
@@ -131,6 +133,21 @@ func (e *cliEnv) restartOnOtherBacking(size int64) {
 	e.t.Helper()
 	e.tg.Close()
 	e.startTarget(e.addr, e.t.TempDir(), size)
+}
+
+// restartInPlace stops the target, with a clean shutdown (every dirty page
+// flushed, recorded) or not (to the next process, a crash), and starts
+// another on the same address, backing and data directory.
+func (e *cliEnv) restartInPlace(clean bool) {
+	e.t.Helper()
+	if clean {
+		if err := e.tg.Shutdown(context.Background()); err != nil {
+			e.t.Fatal(err)
+		}
+	} else {
+		e.tg.Close()
+	}
+	e.startTarget(e.addr, e.dir, nsSize)
 }
 
 // cleanUp detaches whatever a failed test left attached; processes that

@@ -25,7 +25,9 @@ func detachCommand() *cli.Command {
 			"cleaned up (dead FUSE mount, stale socket) and its record removed. An attachment whose controller\n" +
 			"is lost, or whose namespace changed on the target (see list), also when its teardown is what finds\n" +
 			"it, is detached like the others and says so; detach fails only if the namespace had acknowledged\n" +
-			"writes or trims that no flush covered, which may be lost, and says how many.",
+			"writes or trims that no flush covered, which may be lost, and says how many. It fails likewise, naming\n" +
+			"them, if such writes were outstanding when the target restarted without a clean shutdown (a crash or\n" +
+			"kill of nprdma-target): the attachment reconnected and went on, but they may be lost.",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "detach every attachment"},
 			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "unmount a mounted loop device (lazily if busy) and abort users of the FUSE file instead of refusing"},
@@ -157,7 +159,7 @@ func detachOne(cc *cli.Context, dir *attach.Dir, rec attach.Record) error {
 		return fmt.Errorf("detach %s: %w", rec.Name, err)
 	}
 	notes, rerr := dir.Reap(cur)
-	msg := fmt.Sprintf("detach %s: the attach process exited with its teardown incomplete: %s", rec.Name, cur.DetachError)
+	msg := fmt.Sprintf("detach %s: the attach process exited with an error: %s", rec.Name, cur.DetachError)
 	if len(notes) > 0 {
 		msg += "; cleaned up after it" + joinNotes(notes)
 	}

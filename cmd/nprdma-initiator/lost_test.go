@@ -284,6 +284,37 @@ func TestDetachSaysWhatTheTeardownFound(t *testing.T) {
 	e.assertGone(lost)
 }
 
+// TestDetachNamesWhatAnUncleanTargetRestartMayHaveLost: writes the
+// attachment acknowledged and had not flushed when the target restarted
+// without a clean shutdown may be lost; detach fails naming them, even
+// though the final flush on the new target succeeds, and the attach process
+// logged it when it reconnected. After a clean restart nothing is at risk
+// and detach succeeds.
+func TestDetachNamesWhatAnUncleanTargetRestartMayHaveLost(t *testing.T) {
+	e := newCLIEnv(t)
+	for _, clean := range []bool{true, false} {
+		name := map[bool]string{true: "restart-clean", false: "restart-unclean"}[clean]
+		r := e.attachDaemon(name, "--mode", "nbd")
+		c := dialNBD(t, r.Socket, r.Name)
+		c.write(0, bytes.Repeat([]byte{7}, 3*4096))
+		e.restartInPlace(clean)
+		if errno := c.read(0, 4096); errno != 0 { // served by the new target process
+			t.Fatalf("%s: NBD read after the restart: error %d", name, errno)
+		}
+		c.disconnect()
+		_, stderr, err := e.run("detach", r.Name)
+		const lost = "1 write or trim (12 KiB) that the initiator acknowledged had not been flushed when the target restarted without a clean shutdown, and may be lost"
+		if clean {
+			if err != nil || strings.Contains(stderr, "may be lost") {
+				t.Errorf("detach after a clean target restart: %v\n%s", err, stderr)
+			}
+		} else if err == nil || !strings.Contains(stderr, lost) {
+			t.Errorf("detach after an unclean target restart: %v\n%s\nwant %q", err, stderr, lost)
+		}
+		e.assertGone(r)
+	}
+}
+
 // TestSIGTERMLogsConnectedNBDClient: a client still connected when an nbd
 // attachment is told to stop is named in a warning of the attach process,
 // which closes its connection after a flush. Before, it was dropped without
