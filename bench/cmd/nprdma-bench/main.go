@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -52,6 +53,7 @@ func newApp() *cli.App {
 			&cli.BoolFlag{Name: "carry-over", Value: true, Usage: "keep earlier results of experiments this run does not run"},
 			&cli.BoolFlag{Name: "render-only", Usage: "measure nothing: regenerate the report from --out's results.json (--note adds to its notes)"},
 			&cli.BoolFlag{Name: "list", Usage: "list the experiments, their status and goals, and exit"},
+			&cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile of the measurements (pprof format) to this file, e.g. to build with -pgo"},
 		},
 		Action: run,
 	}
@@ -104,6 +106,13 @@ func run(c *cli.Context) error {
 		log.Info("pinned the bench and its children", "cpus", bench.FormatCPUList(cpus))
 	}
 
+	if p := c.String("cpuprofile"); p != "" {
+		stopProfile, err := startCPUProfile(p)
+		if err != nil {
+			return err
+		}
+		defer stopProfile()
+	}
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	result, err := bench.RunSuite(ctx, specs, env, only)
@@ -148,6 +157,23 @@ func run(c *cli.Context) error {
 		return errors.New("interrupted: the results hold what finished")
 	}
 	return nil
+}
+
+// startCPUProfile profiles the process into path until the returned
+// function is called.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // renderOnly regenerates the report from stored results: the report is a

@@ -124,3 +124,22 @@ func TestRenderOnly(t *testing.T) {
 		t.Fatal("rendering from a missing results file succeeded")
 	}
 }
+
+// TestCPUProfile: --cpuprofile writes a pprof profile (gzip-compressed
+// protobuf) once stopped, and a path it cannot create is an error before
+// anything is measured.
+func TestCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.pprof")
+	stop, err := startCPUProfile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Fatalf("profile %q: %d bytes, err %v; want gzip data", path, len(b), err)
+	}
+	if _, err := startCPUProfile(filepath.Join(t.TempDir(), "missing", "cpu.pprof")); err == nil || !strings.Contains(err.Error(), "cpu profile") {
+		t.Fatalf("profile in a missing directory: %v", err)
+	}
+}
