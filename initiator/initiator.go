@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -191,6 +192,9 @@ type Controller struct {
 	rr       atomic.Uint32
 	stopOnce sync.Once
 	stop     chan struct{}
+
+	nsMu       sync.Mutex
+	namespaces []*Namespace // every one Namespace returned: checked at each reconnect
 }
 
 // session is one incarnation of the controller: what a reconnect replaces.
@@ -614,6 +618,7 @@ func (c *Controller) reconnect(old *session) {
 				return
 			}
 			c.install(s)
+			c.checkNamespaces(s)
 			return
 		}
 		lastErr = err
@@ -731,6 +736,40 @@ func (c *Controller) do(ctx context.Context, fn func(s *session) error) error {
 			return err
 		}
 	}
+}
+
+// checkNamespaces verifies every namespace against the new session s at
+// once rather than at its next operation: a namespace an idle user holds is
+// then found changed (Changed, and attach's list) and a target restart's
+// effect on its unflushed changes is reported when the reconnect happens. A
+// failure is left to the next operation, which checks again.
+func (c *Controller) checkNamespaces(s *session) {
+	c.nsMu.Lock()
+	ns := slices.Clone(c.namespaces)
+	c.nsMu.Unlock()
+	if len(ns) == 0 {
+		return
+	}
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-c.stop:
+				cancel()
+			case <-s.failed:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		for _, n := range ns {
+			if err := n.verify(ctx, s); err != nil && !errors.Is(err, ErrNamespaceChanged) {
+				c.cfg.log.Debug("initiator: checking a namespace after the reconnect", "nsid", n.nsid, "err", err)
+			}
+		}
+	}()
 }
 
 func (c *Controller) waitReplaced(ctx context.Context, s *session) {

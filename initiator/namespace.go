@@ -163,6 +163,9 @@ func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, er
 	if err != nil {
 		return nil, err
 	}
+	c.nsMu.Lock()
+	c.namespaces = append(c.namespaces, n)
+	c.nsMu.Unlock()
 	return n, nil
 }
 
@@ -202,22 +205,35 @@ func (n *Namespace) do(ctx context.Context, fn func(s *session) error) error {
 		return ch.err
 	}
 	return n.c.do(ctx, func(s *session) error {
-		if n.verified.Load() != s {
-			id, err := s.identifyNamespace(ctx, n.nsid)
-			switch {
-			case err == nil && (id.NSZE != n.blocks || id.NGUID != n.nguid):
-				return n.markChanged(fmt.Errorf("%w: namespace %d of %s is now %d blocks, NGUID %x (was %d blocks, NGUID %x)",
-					ErrNamespaceChanged, n.nsid, n.c.subNQN, id.NSZE, id.NGUID, n.blocks, n.nguid))
-			case errors.Is(err, nvme.StatusInvalidNamespaceOrFormat):
-				return n.markChanged(fmt.Errorf("%w: %w", ErrNamespaceChanged, err))
-			case err != nil:
-				return err // a transport failure is retried by c.do; others fail this operation
-			}
-			n.noteInstance(s)
-			n.verified.Store(s)
+		if err := n.verify(ctx, s); err != nil {
+			return err // a transport failure is retried by c.do; others fail this operation
 		}
 		return fn(s)
 	})
+}
+
+// verify checks the namespace's identity in session s once per session,
+// and settles what a target restart did to its unflushed changes.
+func (n *Namespace) verify(ctx context.Context, s *session) error {
+	if n.verified.Load() == s {
+		return nil
+	}
+	if ch := n.changed.Load(); ch != nil {
+		return ch.err
+	}
+	id, err := s.identifyNamespace(ctx, n.nsid)
+	switch {
+	case err == nil && (id.NSZE != n.blocks || id.NGUID != n.nguid):
+		return n.markChanged(fmt.Errorf("%w: namespace %d of %s is now %d blocks, NGUID %x (was %d blocks, NGUID %x)",
+			ErrNamespaceChanged, n.nsid, n.c.subNQN, id.NSZE, id.NGUID, n.blocks, n.nguid))
+	case errors.Is(err, nvme.StatusInvalidNamespaceOrFormat):
+		return n.markChanged(fmt.Errorf("%w: %w", ErrNamespaceChanged, err))
+	case err != nil:
+		return err
+	}
+	n.noteInstance(s)
+	n.verified.Store(s)
+	return nil
 }
 
 // namespaceChange is why and since when a namespace fails for good.
