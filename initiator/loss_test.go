@@ -157,8 +157,18 @@ func TestTargetRestartSettlesUnflushedChanges(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	check := func(when string, lost Unflushed, restarts, unclean uint64) {
+	check := func(when string, lost Unflushed, restarts, unclean uint64, reported bool) {
 		t.Helper()
+		select {
+		case <-n.LossReported():
+			if !reported {
+				t.Errorf("%s: LossReported fired", when)
+			}
+		default:
+			if reported {
+				t.Errorf("%s: LossReported did not fire", when)
+			}
+		}
 		if u := n.Unflushed(); u != (Unflushed{}) {
 			t.Errorf("%s: %+v unflushed, want none", when, u)
 		}
@@ -179,7 +189,7 @@ func TestTargetRestartSettlesUnflushedChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	restart(true)
-	check("after a clean restart", Unflushed{}, 1, 0)
+	check("after a clean restart", Unflushed{}, 1, 0, false)
 
 	if _, err := n.WriteAt(buf, 0); err != nil {
 		t.Fatal(err)
@@ -189,11 +199,11 @@ func TestTargetRestartSettlesUnflushedChanges(t *testing.T) {
 	}
 	restart(false)
 	lost := Unflushed{Commands: 2, Bytes: 3 * BlockSize}
-	check("after an unclean restart", lost, 2, 1)
+	check("after an unclean restart", lost, 2, 1, true)
 	if err := n.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	check("after a flush on the new process", lost, 2, 1)
+	check("after a flush on the new process", lost, 2, 1, false)
 
 	if _, err := n.WriteAt(buf, 0); err != nil {
 		t.Fatal(err)
@@ -202,7 +212,7 @@ func TestTargetRestartSettlesUnflushedChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	restart(false)
-	check("after an unclean restart with everything flushed", lost, 3, 2)
+	check("after an unclean restart with everything flushed", lost, 3, 2, false)
 	got := make([]byte, len(buf))
 	if _, err := n.ReadAt(got, 0); err != nil || !bytes.Equal(got, buf) {
 		t.Fatalf("flushed data after the restarts: %v, equal %v", err, bytes.Equal(got, buf))

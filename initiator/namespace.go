@@ -33,7 +33,8 @@ type Namespace struct {
 	changedDone chan struct{}                   // closed then
 	verified    atomic.Pointer[session]         // the session in which the identity was last checked
 
-	durability durability
+	durability   durability
+	lossReported chan struct{} // a value whenever PossiblyLost grows (buffered by one)
 }
 
 // Unflushed is what a namespace acknowledged that no successful Flush has
@@ -121,6 +122,11 @@ func (n *Namespace) PossiblyLost() Unflushed {
 	return d.lost
 }
 
+// LossReported receives a value whenever PossiblyLost grows, so that
+// whoever must know (attach's record, for list) need not poll. It is
+// buffered by one: a reader that comes late reads the latest count.
+func (n *Namespace) LossReported() <-chan struct{} { return n.lossReported }
+
 // noteInstance checks the target instance of session s against the one
 // the namespace last saw, and says what a restart did to the unflushed
 // changes.
@@ -129,6 +135,10 @@ func (n *Namespace) noteInstance(s *session) {
 	switch {
 	case !restarted:
 	case mayHaveLost && u.Commands > 0:
+		select {
+		case n.lossReported <- struct{}{}:
+		default: // one is pending: its reader reads the latest count
+		}
 		n.c.cfg.log.Error("initiator: the target restarted without a clean shutdown; changes acknowledged since the last flush may be lost",
 			"subsystem", n.c.subNQN, "nsid", n.nsid, "changes", u.Commands, "bytes", u.Bytes)
 	default:
@@ -141,7 +151,7 @@ var _ blockio.Backend = (*Namespace)(nil)
 
 // Namespace identifies namespace nsid and fetches its region descriptor.
 func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, error) {
-	n := &Namespace{c: c, nsid: nsid, changedDone: make(chan struct{})}
+	n := &Namespace{c: c, nsid: nsid, changedDone: make(chan struct{}), lossReported: make(chan struct{}, 1)}
 	err := c.do(ctx, func(s *session) error {
 		id, err := s.identifyNamespace(ctx, nsid)
 		if err != nil {

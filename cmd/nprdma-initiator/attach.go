@@ -128,6 +128,7 @@ type attachment struct {
 	req    attachRequest
 	rec    attach.Record
 	stderr io.Writer
+	log    *slog.Logger // the initiator's, the NBD server's and FUSE's: --log-level
 
 	dev     *nprdma.Device
 	ctrl    *initiator.Controller
@@ -256,6 +257,9 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 				changed = nil
 				dead()
 				continue
+			case <-a.ns.LossReported():
+				a.notePossiblyLost()
+				continue
 			}
 		}
 		mode := "detaching"
@@ -302,11 +306,11 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 // setUp connects, attaches in the requested mode and fills in the record.
 func (a *attachment) setUp(ctx context.Context) error {
 	cc := a.cc
-	opts, err := hostOptions(cc)
-	if err != nil {
+	var err error
+	if a.log, err = newLogger(cc); err != nil {
 		return err
 	}
-	opts = append(opts, initiator.WithQueueDepth(cc.Int("queue-depth")), initiator.WithControllerLossTimeout(cc.Duration("ctrl-loss-timeout")),
+	opts := append(hostOptions(cc, a.log), initiator.WithQueueDepth(cc.Int("queue-depth")), initiator.WithControllerLossTimeout(cc.Duration("ctrl-loss-timeout")),
 		initiator.WithKeepAlive(cc.Duration("keep-alive")), initiator.WithOneSidedReads(!cc.Bool("two-sided")))
 	if n := cc.Int("io-queues"); n > 0 {
 		opts = append(opts, initiator.WithIOQueues(n))
@@ -361,14 +365,10 @@ func (a *attachment) setUp(ctx context.Context) error {
 }
 
 func (a *attachment) serveNBD(ctx context.Context, backend blockio.Backend, reg *prometheus.Registry) error {
-	log, err := newLogger(a.cc)
-	if err != nil {
-		return err
-	}
 	opts := []nbd.Option{nbd.WithExportName(a.req.name), nbd.WithDescription(fmt.Sprintf("nprdma %s namespace %d", a.rec.NQN, a.rec.NSID)),
 		// One Flush covers every connection's writes: they all go to the
 		// one namespace of the one controller.
-		nbd.WithMultiConn(true), nbd.WithLogger(log)}
+		nbd.WithMultiConn(true), nbd.WithLogger(a.log)}
 	if reg != nil {
 		opts = append(opts, nbd.WithRegisterer(reg))
 	}
@@ -411,8 +411,7 @@ func (a *attachment) attachFUSE(ctx context.Context, backend blockio.Backend) er
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	fa, err := fuseblk.Attach(ctx, backend, fuseblk.WithMountDir(mnt), fuseblk.WithLogger(log))
+	fa, err := fuseblk.Attach(ctx, backend, fuseblk.WithMountDir(mnt), fuseblk.WithLogger(a.log))
 	if err != nil {
 		os.Remove(mnt)
 		return err
@@ -507,6 +506,21 @@ func (a *attachment) restartLossError() error {
 	}
 	return fmt.Errorf("%s (%s) that the initiator acknowledged had not been flushed when the target restarted without a clean shutdown, and may be lost",
 		changes(u.Commands), humanSize(u.Bytes))
+}
+
+// notePossiblyLost records what a target restart without a clean shutdown
+// may have lost, for list, and says it in the log.
+func (a *attachment) notePossiblyLost() {
+	u := a.ns.PossiblyLost()
+	if u.Commands == a.rec.PossiblyLost {
+		return
+	}
+	a.rec.PossiblyLost, a.rec.PossiblyLostBytes, a.rec.PossiblyLostSince = u.Commands, u.Bytes, time.Now().UTC().Truncate(time.Second)
+	if err := a.req.dir.Save(a.rec); err != nil {
+		a.say("%v", err)
+	}
+	a.say("%s: %s (%s) that it had acknowledged were not flushed when the target restarted without a clean shutdown, and may be lost; it serves on",
+		a.req.name, changes(u.Commands), humanSize(u.Bytes))
 }
 
 // changes names n acknowledged writes, trims and write-zeroes.

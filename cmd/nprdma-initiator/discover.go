@@ -81,10 +81,11 @@ func transportName(t uint8) string {
 }
 
 func discover(cc *cli.Context) error {
-	opts, err := hostOptions(cc)
+	logger, err := newLogger(cc)
 	if err != nil {
 		return err
 	}
+	opts := hostOptions(cc, logger)
 	dev, err := newDevice(cc)
 	if err != nil {
 		return err

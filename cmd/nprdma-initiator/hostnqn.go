@@ -16,11 +16,11 @@ func hostnqnCommand() *cli.Command {
 		Description: "The NQN comes from --hostnqn if given, else from the host ID in --hostid-file\n" +
 			"(created on first use), so it stays the same across runs.",
 		Action: func(cc *cli.Context) error {
-			opts, err := hostOptions(cc)
+			log, err := newLogger(cc)
 			if err != nil {
 				return err
 			}
-			nqn, err := initiator.HostNQN(opts...)
+			nqn, err := initiator.HostNQN(hostOptions(cc, log)...)
 			if err != nil {
 				return err
 			}

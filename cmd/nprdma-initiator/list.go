@@ -20,7 +20,10 @@ func listCommand() *cli.Command {
 			"attached, lost (the target stayed unreachable past the controller-loss timeout, or refused this host)\n" +
 			"or namespace-changed (the target, restarted, serves another namespace under the NSID: another size or\n" +
 			"NGUID, or none). In the last two the attachment's I/O fails with EIO; a line under the table says since\n" +
-			"when and why. A record whose attach process is gone (killed, crashed) is dropped, saying so, after\n" +
+			"when and why. An attachment that had writes or trims acknowledged and not flushed when the target\n" +
+			"restarted without a clean shutdown (crash, kill) serves on, but a line under the table says how many\n" +
+			"may be lost (JSON: possibly_lost, possibly_lost_bytes, possibly_lost_since); detach then fails naming them.\n" +
+			"A record whose attach process is gone (killed, crashed) is dropped, saying so, after\n" +
 			"cleaning up what it left (dead FUSE mount, stale socket).",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print a JSON array of the attachment records instead of a table"},
@@ -87,6 +90,12 @@ func printAttachments(w io.Writer, recs []attach.Record, now time.Time) {
 	for _, r := range dead {
 		fmt.Fprintf(w, "%s: %s since %s (%s ago); its I/O fails with EIO: %s\n", r.Name, deadCause(r),
 			r.LostSince.Local().Format(time.DateTime), now.Sub(r.LostSince).Truncate(time.Second), r.LostReason)
+	}
+	for _, r := range recs {
+		if r.PossiblyLost > 0 {
+			fmt.Fprintf(w, "%s: %s (%s) it had acknowledged may be lost: they were not flushed when the target restarted without a clean shutdown (last at %s)\n",
+				r.Name, changes(r.PossiblyLost), humanSize(r.PossiblyLostBytes), r.PossiblyLostSince.Local().Format(time.DateTime))
+		}
 	}
 }
 

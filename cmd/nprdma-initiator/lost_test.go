@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -304,6 +305,7 @@ func TestDetachNamesWhatAnUncleanTargetRestartMayHaveLost(t *testing.T) {
 			t.Fatalf("%s: NBD read after the restart: error %d", name, errno)
 		}
 		c.disconnect()
+		e.waitPossiblyLost(r.Name, map[bool]int64{true: 0, false: 1}[clean])
 		_, stderr, err := e.run("detach", r.Name)
 		const lost = "1 write or trim (12 KiB) that the initiator acknowledged had not been flushed when the target restarted without a clean shutdown, and may be lost"
 		if clean {
@@ -314,6 +316,32 @@ func TestDetachNamesWhatAnUncleanTargetRestartMayHaveLost(t *testing.T) {
 			t.Errorf("detach after an unclean target restart: %v\n%s\nwant %q", err, stderr, lost)
 		}
 		e.assertGone(r)
+	}
+}
+
+// waitPossiblyLost waits until list --json shows the attachment name with
+// want writes possibly lost to a target restart, and checks the table says
+// so (or says nothing of it).
+func (e *cliEnv) waitPossiblyLost(name string, want int64) {
+	e.t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out, _ := e.mustRun("list", "--json")
+		var listed []attach.Record
+		if err := json.Unmarshal([]byte(out), &listed); err != nil {
+			e.t.Fatalf("list --json: %v\n%s", err, out)
+		}
+		i := slices.IndexFunc(listed, func(r attach.Record) bool { return r.Name == name })
+		if i >= 0 && listed[i].PossiblyLost == want && (want == 0 || listed[i].PossiblyLostBytes == 3*4096 && !listed[i].PossiblyLostSince.IsZero()) {
+			break
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s not listed with %d writes possibly lost:\n%s", name, want, out)
+		}
+	}
+	table, _ := e.mustRun("list")
+	line := name + ": 1 write or trim (12 KiB) it had acknowledged may be lost: they were not flushed when the target restarted without a clean shutdown"
+	if strings.Contains(table, line) != (want > 0) {
+		e.t.Errorf("list (want %d possibly lost for %s):\n%s", want, name, table)
 	}
 }
 

@@ -47,22 +47,19 @@ func newApp() *cli.App {
 	}
 }
 
-// newLogger is the log of the initiator and the NBD server: stderr, at
+// newLogger is the log of the initiator, the NBD server and FUSE: stderr, at
 // --log-level.
 func newLogger(cc *cli.Context) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(cc.String("log-level"))); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", cc.String("log-level"))
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+	return slog.New(slog.NewTextHandler(cc.App.ErrWriter, &slog.HandlerOptions{Level: l})), nil
 }
 
-// hostOptions are the initiator options the global flags select.
-func hostOptions(cc *cli.Context) ([]initiator.Option, error) {
-	log, err := newLogger(cc)
-	if err != nil {
-		return nil, err
-	}
+// hostOptions are the initiator options the global flags select, logging
+// to log.
+func hostOptions(cc *cli.Context, log *slog.Logger) []initiator.Option {
 	opts := []initiator.Option{initiator.WithLogger(log)}
 	if f := cc.String("hostid-file"); f != "" {
 		opts = append(opts, initiator.WithStateFile(f))
@@ -70,7 +67,7 @@ func hostOptions(cc *cli.Context) ([]initiator.Option, error) {
 	if n := cc.String("hostnqn"); n != "" {
 		opts = append(opts, initiator.WithHostNQN(n))
 	}
-	return opts, nil
+	return opts
 }
 
 func newDevice(cc *cli.Context) (*nprdma.Device, error) {

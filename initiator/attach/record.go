@@ -101,6 +101,15 @@ type Record struct {
 	LostSince  time.Time `json:"lost_since,omitzero"`
 	LostReason string    `json:"lost_reason,omitempty"`
 
+	// PossiblyLost counts the writes, trims and write-zeroes (and their
+	// bytes) the attachment had acknowledged and not flushed when the target
+	// restarted without a clean shutdown, the latest at PossiblyLostSince:
+	// they may be lost (initiator.Namespace.PossiblyLost). The attachment
+	// goes on serving.
+	PossiblyLost      int64     `json:"possibly_lost,omitempty"`
+	PossiblyLostBytes int64     `json:"possibly_lost_bytes,omitempty"`
+	PossiblyLostSince time.Time `json:"possibly_lost_since,omitzero"`
+
 	// DetachAttempts counts teardown requests the process refused (e.g. the
 	// loop device was mounted); DetachError says why the last one failed.
 	DetachAttempts int    `json:"detach_attempts,omitempty"`

@@ -289,7 +289,7 @@ func (a *Attachment) Detach(force bool) error {
 			return &MountedError{Device: a.loop.path, MountPoints: mounts}
 		}
 		for i := len(mounts) - 1; i >= 0; i-- {
-			a.cfg.logger.Info("fuseblk: force detach: unmounting", "device", a.loop.path, "mountpoint", mounts[i])
+			a.cfg.logger.Warn("fuseblk: force detach: unmounting", "device", a.loop.path, "mountpoint", mounts[i])
 			if err := unix.Unmount(mounts[i], 0); errors.Is(err, unix.EBUSY) {
 				err = unix.Unmount(mounts[i], unix.MNT_DETACH)
 			} else if err != nil && !errors.Is(err, unix.EINVAL) { // EINVAL: already gone
@@ -313,7 +313,7 @@ func (a *Attachment) Detach(force bool) error {
 		if !force {
 			return fmt.Errorf("detach: unmount FUSE at %s (is %s still open?): %w", a.mountDir, a.file, err)
 		}
-		a.cfg.logger.Info("fuseblk: force detach: aborting busy FUSE mount", "mountpoint", a.mountDir)
+		a.cfg.logger.Warn("fuseblk: force detach: aborting busy FUSE mount", "mountpoint", a.mountDir)
 		if err := unix.Unmount(a.mountDir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
 			return fmt.Errorf("detach: lazy unmount of %s: %w", a.mountDir, err)
 		}
