@@ -30,6 +30,36 @@ func latencies(n int, once func() (time.Duration, error)) ([]time.Duration, erro
 
 func warmup(n int) int { return min(n/10+1, 500) }
 
+// pairedLatencies times n pairs of a and b, one of each in turn, the first
+// of a pair alternating, after a warm-up: both see the same machine at the
+// same moments, so a drift over the run (where the scheduler put the
+// threads, what else ran) cannot favour either.
+func pairedLatencies(n int, a, b func() (time.Duration, error)) (la, lb []time.Duration, err error) {
+	la, lb = make([]time.Duration, 0, n), make([]time.Duration, 0, n)
+	for i := -warmup(n); i < n; i++ {
+		first, second, fa := a, b, true
+		if i%2 != 0 {
+			first, second, fa = b, a, false
+		}
+		d1, err := first()
+		if err != nil {
+			return nil, nil, err
+		}
+		d2, err := second()
+		if err != nil {
+			return nil, nil, err
+		}
+		if i < 0 {
+			continue
+		}
+		if !fa {
+			d1, d2 = d2, d1
+		}
+		la, lb = append(la, d1), append(lb, d2)
+	}
+	return la, lb, nil
+}
+
 // timedOnce is once for a queue pair: w posted, its completion awaited.
 func timedOnce(ctx context.Context, p *nprdmabench.Pair, w nprdma.SendWR) func() (time.Duration, error) {
 	return func() (time.Duration, error) {
@@ -46,7 +76,8 @@ type FabricConfig struct {
 	Depths  []int         // throughput queue depths
 	Sizes   []int         // throughput sizes
 	Run     time.Duration // each throughput point
-	// ThroughputRounds repeats the throughput sweep (alternating order).
+	// ThroughputRounds: each stream runs this many times per point, the
+	// streams taking turns (alternating order).
 	ThroughputRounds int
 }
 
@@ -57,8 +88,8 @@ func DefaultFabricConfig(m bench.Mode) FabricConfig {
 		Rounds:           bench.ByMode(m, 6, 8),
 		Depths:           []int{1, 2, 4, 8, 16, 32},
 		Sizes:            []int{4 << 10, 128 << 10},
-		Run:              bench.ByMode(m, 200*time.Millisecond, 500*time.Millisecond),
-		ThroughputRounds: bench.ByMode(m, 5, 7),
+		Run:              bench.ByMode(m, 100*time.Millisecond, 250*time.Millisecond),
+		ThroughputRounds: bench.ByMode(m, 10, 14),
 	}
 }
 
@@ -99,6 +130,54 @@ func (v *latencyVariant) measure(ctx context.Context, n int) ([]time.Duration, e
 		return latencies(n, v.raw.Once)
 	}
 	return latencies(n, timedOnce(ctx, v.c, v.c.WR(v.op, 4096, 0)))
+}
+
+// tputLine is one stream of the throughput part.
+type tputLine struct {
+	key, label string
+	op         nprdma.Opcode             // 0: the raw socket
+	points     map[int]map[int][]float64 // size → depth → MiB/s per round
+}
+
+// throughputPoint measures every line at one size and depth: each line's
+// connection is set up once, then the lines take turns, cfg.Run each,
+// cfg.ThroughputRounds times (the order reversed every other round), so that
+// a drift of the machine over the point (where the scheduler put the
+// threads) reaches every line alike.
+func throughputPoint(ctx context.Context, lines []*tputLine, size, qd int, cfg FabricConfig) error {
+	type runner interface {
+		Run(context.Context, time.Duration) (nprdmabench.ThroughputResult, error)
+		Close()
+	}
+	streams := make([]runner, len(lines))
+	defer func() {
+		for _, r := range streams {
+			if r != nil {
+				r.Close()
+			}
+		}
+	}()
+	for i, l := range lines {
+		var err error
+		if l.op == 0 {
+			streams[i], err = nprdmabench.DialRawStream(ctx, size, qd)
+		} else {
+			streams[i], err = nprdmabench.NewOpStream(ctx, tcp.New(), l.op, size, qd, false)
+		}
+		if err != nil {
+			return fmt.Errorf("fabric-ops: %s %d bytes QD%d: %w", l.key, size, qd, err)
+		}
+	}
+	for round := range cfg.ThroughputRounds {
+		for _, i := range bench.RoundOrder(len(lines), round) {
+			r, err := streams[i].Run(ctx, cfg.Run)
+			if err != nil {
+				return fmt.Errorf("fabric-ops: %s %d bytes QD%d: %w", lines[i].key, size, qd, err)
+			}
+			lines[i].points[size][qd] = append(lines[i].points[size][qd], r.MiBPerSec)
+		}
+	}
+	return nil
 }
 
 // MeasureFabric runs fabric-ops with cfg.
@@ -149,9 +228,24 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 			return exp, fmt.Errorf("fabric-ops: set up %s: %w", v.key, err)
 		}
 	}
+	// The READ goal is judged on READs and raw round trips taken in turn,
+	// op by op, on the same two connections as the blocks above.
+	readPaired := &latencyCase{key: "read-paired", label: "READ, interleaved with the raw round trip"}
+	rawPaired := &latencyCase{key: "raw-paired", label: "raw TCP request/response, interleaved with READ"}
 	log := env.Logger()
 	for round := range cfg.Rounds {
 		log.Info("fabric-ops: latency", "round", round+1, "of", cfg.Rounds)
+		var pr, pw []time.Duration
+		err := sampled(&readPaired.placement, "nprdma-bench (initiator and target in one process): READ and raw round trip in turn", pinned, func() error {
+			var err error
+			pr, pw, err = pairedLatencies(cfg.Samples, timedOnce(ctx, read.c, read.c.WR(nprdma.OpRead, size, 0)), raw.raw.Once)
+			return err
+		})
+		if err != nil {
+			return exp, fmt.Errorf("fabric-ops: READ and raw in turn: %w", err)
+		}
+		readPaired.add(pr)
+		rawPaired.add(pw)
 		for _, i := range bench.RoundOrder(len(vs), round) {
 			v := vs[i]
 			var samples []time.Duration
@@ -167,12 +261,7 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 		}
 	}
 
-	// Throughput: every size and depth, raw stream and each op, alternating.
-	type tputLine struct {
-		key, label string
-		op         nprdma.Opcode
-		points     map[int]map[int][]float64 // size → depth → MiB/s per round
-	}
+	// Throughput: every size and depth, raw stream and each op taking turns.
 	lines := []*tputLine{{key: "raw", label: "raw TCP stream"}, {key: "read", label: "READ", op: nprdma.OpRead},
 		{key: "write", label: "WRITE", op: nprdma.OpWrite}, {key: "send", label: "SEND", op: nprdma.OpSend}}
 	for _, l := range lines {
@@ -182,52 +271,42 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 		}
 	}
 	var tputPlacement bench.Placement
-	for round := range cfg.ThroughputRounds {
-		log.Info("fabric-ops: throughput", "round", round+1, "of", cfg.ThroughputRounds)
-		for _, s := range cfg.Sizes {
-			for _, qd := range cfg.Depths {
-				for _, i := range bench.RoundOrder(len(lines), round) {
-					l := lines[i]
-					var r nprdmabench.ThroughputResult
-					err := sampled(&tputPlacement, "nprdma-bench: throughput runs", pinned, func() error {
-						var err error
-						if l.op == 0 {
-							r, err = nprdmabench.RawTCPStream(ctx, s, qd, cfg.Run)
-						} else {
-							r, err = nprdmabench.OpThroughput(ctx, tcp.New(), l.op, s, qd, cfg.Run, false)
-						}
-						return err
-					})
-					if err != nil {
-						return exp, fmt.Errorf("fabric-ops: %s %d bytes QD%d: %w", l.key, s, qd, err)
-					}
-					l.points[s][qd] = append(l.points[s][qd], r.MiBPerSec)
-				}
+	for _, size := range cfg.Sizes {
+		log.Info("fabric-ops: throughput", "size", size)
+		for _, qd := range cfg.Depths {
+			if err := sampled(&tputPlacement, "nprdma-bench: throughput runs", pinned, func() error {
+				return throughputPoint(ctx, lines, size, qd, cfg)
+			}); err != nil {
+				return exp, err
 			}
 		}
 	}
 
 	exp.Method = fmt.Sprintf("Initiator and target are two nprdma devices on nprdma/tcp in the bench process, connected over loopback "+
 		"(one TCP connection per queue pair), with pinned registered memory from AllocBuffer filled with data (every page written: "+
-		"memory never written reads as the kernel's one zero page, always in cache). Latency: %d 4 KiB operations at queue "+
-		"depth 1 (post to completion, after a warm-up) per case per round, %d rounds, the cases in reverse order every other "+
-		"round; a figure is the mean of the per-round percentiles. The baseline is an 8-byte request answered by 4 KiB over a "+
-		"plain loopback TCP socket (TCP_NODELAY) measured in the same rounds. Variants: a busy-polling completion queue (spins "+
-		"200 µs before parking) and GOMAXPROCS=1 (READ and the raw round trip). Throughput: READ, WRITE and SEND of 4 KiB and "+
-		"128 KiB with 1–32 operations outstanding for %v each (bench/nprdmabench), against a raw request/response stream with as "+
-		"many requests in flight on one socket, whose server answers from as many slots of data in turn as the op's "+
-		"remote region has, %d rounds in alternating order; a depth's ratio is the median over rounds of "+
-		"each round's op against that round's raw stream, and the goal is judged at the depth with the lowest.",
+		"memory never written reads as the kernel's one zero page, always in cache). Latency: per round, first %[1]d 4 KiB READs "+
+		"and %[1]d raw round trips taken in turn, op by op (the first of each pair alternating), on which the READ goal is judged; "+
+		"then each case in a block of its own of %[1]d operations at queue depth 1 (post to completion, after a warm-up), the cases "+
+		"in reverse order every other round; %[2]d rounds; a figure is the mean of the per-round percentiles. The baseline is an "+
+		"8-byte request answered by 4 KiB over a plain loopback TCP socket (TCP_NODELAY). Variants: a busy-polling completion queue "+
+		"(spins 200 µs before parking) and GOMAXPROCS=1 (READ and the raw round trip). Throughput: READ, WRITE and SEND of 4 KiB and "+
+		"128 KiB with 1–32 operations outstanding (bench/nprdmabench) against a raw request/response stream with as many requests "+
+		"in flight on one socket, whose server answers from as many slots of data in turn as the op's remote region has; at each "+
+		"point the four streams are connected once and take turns, %[3]v each (filling and draining the pipe included), %[4]d "+
+		"times, the order reversed every other time; a depth's ratio is the median over those turns of the op against the raw "+
+		"stream of the same turn, and the goal is judged at the depth with the lowest.",
 		cfg.Samples, cfg.Rounds, cfg.Run, cfg.ThroughputRounds)
 	exp.AddParam("latency samples per case per round", cfg.Samples)
 	exp.AddParam("latency rounds", cfg.Rounds)
-	exp.AddParam("throughput run per point", cfg.Run)
-	exp.AddParam("throughput rounds", cfg.ThroughputRounds)
+	exp.AddParam("throughput turn", cfg.Run)
+	exp.AddParam("throughput turns per stream and point", cfg.ThroughputRounds)
 	exp.AddParam("queue depths", fmt.Sprint(cfg.Depths))
 	exp.AddParam("placement", placementParam())
 
-	exp.Add(figure("4 KiB READ p50", read.p50, raw.p50, "µs", "raw TCP round trip p50").WithGoal(ReadLatencyGoal),
-		figure("4 KiB READ p99", read.p99, raw.p99, "µs", "raw TCP round trip p99"))
+	exp.Add(figure("4 KiB READ p50", readPaired.p50, rawPaired.p50, "µs", "raw TCP round trip p50, taken in turn with the READs").WithGoal(ReadLatencyGoal),
+		figure("4 KiB READ p99", readPaired.p99, rawPaired.p99, "µs", "raw TCP round trip p99, taken in turn with the READs"),
+		figure("4 KiB READ p50, in blocks", read.p50, raw.p50, "µs", "raw TCP round trip p50, its own block"),
+		figure("4 KiB READ p99, in blocks", read.p99, raw.p99, "µs", "raw TCP round trip p99, its own block"))
 	for _, x := range []struct {
 		name string
 		v, b *latencyVariant
@@ -251,13 +330,13 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 	}
 	for _, op := range lines[1:] {
 		for _, s := range cfg.Sizes {
-			// A depth's ratio is the median over rounds of the op against
-			// the raw stream of the same round: loopback streaming on two
-			// vCPUs swings up to 2× from one run to the next (where the
+			// A depth's ratio is the median over turns of the op against
+			// the raw stream of the same turn: loopback streaming on two
+			// vCPUs swings up to 2× from one turn to the next (where the
 			// scheduler puts the two ends), and a ratio of means or a
-			// single round would let one swing decide. The goal must hold
+			// single turn would let one swing decide. The goal must hold
 			// at every depth: the figure is the depth with the lowest
-			// median, quoted from the round it came from.
+			// median, quoted from the turn it came from.
 			worst, worstQD, worstRound := 0.0, 0, 0
 			var all []string
 			for _, qd := range cfg.Depths {
@@ -274,8 +353,8 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 			}
 			ours, base := op.points[s][worstQD], lines[0].points[s][worstQD]
 			f := bench.NewFigure(fmt.Sprintf("%s %s throughput, worst QD (QD%d)", bench.FormatBytes(int64(s)), op.label, worstQD),
-				ours[worstRound], "MiB/s", fmt.Sprintf("raw TCP stream QD%d, same round", worstQD), base[worstRound]).
-				WithNotes(fmt.Sprintf("median round of %d; per round: %s; baseline %s; median ratio by depth (every round): %s",
+				ours[worstRound], "MiB/s", fmt.Sprintf("raw TCP stream QD%d, same turn", worstQD), base[worstRound]).
+				WithNotes(fmt.Sprintf("median turn of %d; per turn: %s; baseline %s; median ratio by depth (every turn): %s",
 					len(ours), bench.RoundList(ours), bench.RoundList(base), strings.Join(all, ", ")))
 			if s == 128<<10 {
 				f = f.WithGoal(ThroughputGoal)

@@ -133,3 +133,27 @@ func TestSpecsRun(t *testing.T) {
 		})
 	}
 }
+
+// TestPairedLatencies: each list holds its own function's durations, the
+// warm-up is dropped, and the first of each pair alternates.
+func TestPairedLatencies(t *testing.T) {
+	var order []byte
+	calls := 0
+	a := func() (time.Duration, error) { calls++; order = append(order, 'a'); return time.Microsecond, nil }
+	b := func() (time.Duration, error) { calls++; order = append(order, 'b'); return 2 * time.Microsecond, nil }
+	la, lb, err := pairedLatencies(10, a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(la) != 10 || len(lb) != 10 || calls != 2*(10+warmup(10)) {
+		t.Fatalf("%d and %d samples from %d calls", len(la), len(lb), calls)
+	}
+	for i := range la {
+		if la[i] != time.Microsecond || lb[i] != 2*time.Microsecond {
+			t.Fatalf("sample %d: %v, %v", i, la[i], lb[i])
+		}
+	}
+	if got := string(order[:8]); got != "abbaabba" && got != "baabbaab" {
+		t.Fatalf("order %q: the first of each pair does not alternate", order)
+	}
+}

@@ -232,11 +232,31 @@ func OpLatency(ctx context.Context, prov nprdma.Provider, op nprdma.Opcode, size
 
 // OpThroughput keeps qd ops of size bytes outstanding over prov for dur.
 func OpThroughput(ctx context.Context, prov nprdma.Provider, op nprdma.Opcode, size, qd int, dur time.Duration, busyPoll bool) (ThroughputResult, error) {
-	if err := checkOp(op); err != nil {
+	s, err := NewOpStream(ctx, prov, op, size, qd, busyPoll)
+	if err != nil {
 		return ThroughputResult{}, err
 	}
+	defer s.Close()
+	return s.Run(ctx, dur)
+}
+
+// OpStream is OpThroughput's pair of devices kept between runs, so that its
+// runs can take turns with another stream's (see RawStream).
+type OpStream struct {
+	p        *Pair
+	op       nprdma.Opcode
+	size, qd int
+	name     string
+	wcs      []nprdma.WC
+}
+
+// NewOpStream connects a pair for qd ops of size bytes over prov.
+func NewOpStream(ctx context.Context, prov nprdma.Provider, op nprdma.Opcode, size, qd int, busyPoll bool) (*OpStream, error) {
+	if err := checkOp(op); err != nil {
+		return nil, err
+	}
 	if qd < 1 || qd > 512 {
-		return ThroughputResult{}, fmt.Errorf("nprdmabench: queue depth %d outside [1, 512]", qd)
+		return nil, fmt.Errorf("nprdmabench: queue depth %d outside [1, 512]", qd)
 	}
 	o := PairOptions{LocalSize: size * qd, RemoteSize: size * qd, BusyPoll: busyPoll}
 	if op == nprdma.OpSend {
@@ -244,40 +264,48 @@ func OpThroughput(ctx context.Context, prov nprdma.Provider, op nprdma.Opcode, s
 	}
 	p, err := NewPair(ctx, prov, o)
 	if err != nil {
-		return ThroughputResult{}, err
+		return nil, err
 	}
-	defer p.Close()
-	for i := 0; i < qd; i++ {
-		if err := p.Cli.PostSend(p.WR(op, size, i)); err != nil {
+	return &OpStream{p: p, op: op, size: size, qd: qd, name: opName(prov, op, size, busyPoll) + fmt.Sprintf("-qd%d", qd),
+		wcs: make([]nprdma.WC, qd)}, nil
+}
+
+// Run keeps qd ops outstanding for d, then waits for those still
+// outstanding (counted, and timed: draining is part of a run).
+func (s *OpStream) Run(ctx context.Context, d time.Duration) (ThroughputResult, error) {
+	start := time.Now()
+	for i := 0; i < s.qd; i++ {
+		if err := s.p.Cli.PostSend(s.p.WR(s.op, s.size, i)); err != nil {
 			return ThroughputResult{}, err
 		}
 	}
-	wcs := make([]nprdma.WC, qd)
-	ops, outstanding := 0, qd
-	start := time.Now()
-	deadline := start.Add(dur)
+	ops, outstanding := 0, s.qd
+	deadline := start.Add(d)
 	for outstanding > 0 {
-		n, err := p.SendCQ.Wait(ctx, wcs)
+		n, err := s.p.SendCQ.Wait(ctx, s.wcs)
 		if err != nil {
 			return ThroughputResult{}, err
 		}
 		outstanding -= n
 		more := time.Now().Before(deadline)
-		for _, wc := range wcs[:n] {
+		for _, wc := range s.wcs[:n] {
 			if wc.Status != nprdma.StatusSuccess {
-				return ThroughputResult{}, fmt.Errorf("nprdmabench: %s completed with %s", op, wc.Status)
+				return ThroughputResult{}, fmt.Errorf("nprdmabench: %s completed with %s", s.op, wc.Status)
 			}
 			ops++
 			if more {
-				if err := p.Cli.PostSend(p.WR(op, size, int(wc.ID))); err != nil {
+				if err := s.p.Cli.PostSend(s.p.WR(s.op, s.size, int(wc.ID))); err != nil {
 					return ThroughputResult{}, err
 				}
 				outstanding++
 			}
 		}
 	}
-	return throughput(opName(prov, op, size, busyPoll)+fmt.Sprintf("-qd%d", qd), size, qd, ops, time.Since(start)), nil
+	return throughput(s.name, s.size, s.qd, ops, time.Since(start)), nil
 }
+
+// Close closes the pair.
+func (s *OpStream) Close() { s.p.Close() }
 
 // UnpinnedReadLatency measures READs of size bytes from an unpinned region
 // over pager (the NP read path without faults when every page is resident),

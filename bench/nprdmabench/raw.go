@@ -163,47 +163,74 @@ func RawTCPRoundTrip(ctx context.Context, size, samples int) (LatencyResult, err
 // depth qd) for dur. Responses land in qd buffers in turn, the memory a
 // READ at that depth touches.
 func RawTCPStream(ctx context.Context, size, qd int, dur time.Duration) (ThroughputResult, error) {
+	r, err := DialRawStream(ctx, size, qd)
+	if err != nil {
+		return ThroughputResult{}, err
+	}
+	defer r.Close()
+	return r.Run(ctx, dur)
+}
+
+// RawStream is RawTCPStream's connection kept between runs, so that its
+// runs can take turns with another stream's (see OpStream).
+type RawStream struct {
+	s        *rawServer
+	c        *net.TCPConn
+	size, qd int
+	req      [8]byte
+	reqs     []byte // qd requests, to fill the pipe at once
+	resp     []byte
+}
+
+// DialRawStream starts a raw server answering size bytes from qd slots and
+// connects to it.
+func DialRawStream(ctx context.Context, size, qd int) (*RawStream, error) {
 	s, err := startRawServer(size, qd)
 	if err != nil {
-		return ThroughputResult{}, err
+		return nil, err
 	}
-	defer s.close()
 	c, err := dialRaw(ctx, s)
 	if err != nil {
-		return ThroughputResult{}, err
+		s.close()
+		return nil, err
 	}
-	defer c.Close()
-	var req [8]byte
-	binary.LittleEndian.PutUint64(req[:], uint64(size))
-	reqs := make([]byte, 0, 8*qd)
-	for i := 0; i < qd; i++ {
-		reqs = append(reqs, req[:]...)
+	r := &RawStream{s: s, c: c, size: size, qd: qd, resp: make([]byte, size*qd)}
+	binary.LittleEndian.PutUint64(r.req[:], uint64(size))
+	for range qd {
+		r.reqs = append(r.reqs, r.req[:]...)
 	}
-	resp := make([]byte, size*qd)
-	if _, err := c.Write(reqs); err != nil {
-		return ThroughputResult{}, err
-	}
-	ops := 0
+	return r, nil
+}
+
+// Run keeps qd requests in flight for d, then collects the responses still
+// in flight (counted, and timed: draining the pipe is part of a run).
+func (r *RawStream) Run(ctx context.Context, d time.Duration) (ThroughputResult, error) {
+	fail := func(err error) (ThroughputResult, error) { return ThroughputResult{}, err }
 	start := time.Now()
-	deadline := start.Add(dur)
-	for {
-		slot := ops % qd
-		if _, err := io.ReadFull(c, resp[slot*size:(slot+1)*size]); err != nil {
-			return ThroughputResult{}, err
+	if _, err := r.c.Write(r.reqs); err != nil {
+		return fail(err)
+	}
+	deadline := start.Add(d)
+	ops, outstanding := 0, r.qd
+	for outstanding > 0 {
+		slot := ops % r.qd
+		if _, err := io.ReadFull(r.c, r.resp[slot*r.size:(slot+1)*r.size]); err != nil {
+			return fail(err)
 		}
 		ops++
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			break
-		}
-		if _, err := c.Write(req[:]); err != nil {
-			return ThroughputResult{}, err
-		}
-	}
-	// Drain what is still in flight so the server's writes do not fail.
-	for i := 1; i < qd; i++ {
-		if _, err := io.ReadFull(c, resp[:size]); err != nil {
-			break
+		outstanding--
+		if time.Now().Before(deadline) && ctx.Err() == nil {
+			if _, err := r.c.Write(r.req[:]); err != nil {
+				return fail(err)
+			}
+			outstanding++
 		}
 	}
-	return throughput(fmt.Sprintf("raw-tcp-stream-%d-qd%d", size, qd), size, qd, ops, time.Since(start)), nil
+	return throughput(fmt.Sprintf("raw-tcp-stream-%d-qd%d", r.size, r.qd), r.size, r.qd, ops, time.Since(start)), nil
+}
+
+// Close closes the connection and the server.
+func (r *RawStream) Close() {
+	r.c.Close()
+	r.s.close()
 }
