@@ -10,11 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nprdma/nprdma/blockdev"
+	"github.com/nprdma/nprdma/internal/logtest"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/target"
 	"github.com/urfave/cli/v2"
@@ -160,11 +160,11 @@ func TestAttachNBD(t *testing.T) {
 	os.Setenv("NPRDMA_STATE_DIR", t.TempDir())
 	sock := filepath.Join(t.TempDir(), "ns.sock")
 	ctx, cancel := context.WithCancel(context.Background())
-	var stderr bytes.Buffer
+	var stderr logtest.Buffer
 	done := make(chan error, 1)
 	go func() {
 		a := newApp()
-		a.Writer, a.ErrWriter = io.Discard, &lockedWriter{w: &stderr}
+		a.Writer, a.ErrWriter = io.Discard, &stderr
 		done <- a.RunContext(ctx, []string{"nprdma-initiator", "--hostnqn", host, "attach", "--target", addr, "--nqn", subA, "--nsid", "2", "--socket", sock, "--io-queues", "2"})
 	}()
 	defer func() {
@@ -205,15 +205,4 @@ func TestAttachNBD(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatal("bytes written through NBD did not come back")
 	}
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }

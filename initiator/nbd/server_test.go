@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nprdma/nprdma/initiator/blockio"
+	"github.com/nprdma/nprdma/internal/logtest"
 )
 
 const (
@@ -635,7 +636,7 @@ func (g *flushGatedBackend) Flush() error {
 func TestCloseWarnsAndFlushesBeforeDroppingAClient(t *testing.T) {
 	mem := blockio.NewMemory(testExportSize, testBlock)
 	fb := &flushGatedBackend{Backend: mem, gate: make(chan struct{}), waiting: make(chan struct{}, 4)}
-	logBuf := &lockedBuffer{b: &bytes.Buffer{}}
+	logBuf := &logtest.Buffer{}
 	log := slog.New(slog.NewTextHandler(logBuf, nil))
 	ts := startServer(t, fb, WithLogger(log))
 	c := dial(t, ts.addr, true)
@@ -670,23 +671,6 @@ func TestCloseWarnsAndFlushesBeforeDroppingAClient(t *testing.T) {
 			t.Errorf("log lacks %q:\n%s", want, out)
 		}
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  *bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func TestServeStopsOnContextCancel(t *testing.T) {

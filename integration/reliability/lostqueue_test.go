@@ -12,6 +12,7 @@ import (
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/logtest"
 	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
@@ -249,24 +250,6 @@ func testLostChange(t *testing.T, kind fabricKind, old lostChange) {
 	}
 }
 
-// syncBuffer is a log destination safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestWedgedLostWriteIsBounded: the lost connection's write never leaves
 // the device. The host reconnects at once; its retry of that write, and a
 // later write to the same block, wait for the fence timeout and fail with
@@ -276,7 +259,7 @@ func (s *syncBuffer) String() string {
 // namespace. Once the device lets the old write go, the host writes the
 // block again.
 func TestWedgedLostWriteIsBounded(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	const fenceTimeout = 300 * time.Millisecond
 	r := lostQueueTarget(t, loopFabric, target.WithFenceTimeout(fenceTimeout),
 		target.WithLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))))
