@@ -48,6 +48,20 @@ func (w *cqWaiter) Done() bool { return w.cq.avail.Load() > 0 || w.cq.dead.Load(
 // Wake implements DriveWaiter.
 func (w *cqWaiter) Wake() { w.cq.ring() }
 
+// BusyPoll implements DriveWaiter: a busy-polling CQ's waiter spins on the
+// link too.
+func (w *cqWaiter) BusyPoll() time.Duration { return w.cq.spinBudget() }
+
+// spinBudget is how long Wait may spin before it blocks: the CQ's busy-poll
+// time when there is a spare P, else 0 (with a single P spinning would only
+// delay the goroutine that delivers the completion).
+func (cq *CQ) spinBudget() time.Duration {
+	if cq.busyPoll > 0 && runtime.GOMAXPROCS(0) > 1 {
+		return cq.busyPoll
+	}
+	return 0
+}
+
 // attach and detach keep track of the queue pairs using the CQ: a waiter
 // may drive the link of the only one (direct completion, see Wait).
 func (cq *CQ) attach(qp *QP) {
@@ -169,32 +183,13 @@ func (cq *CQ) Poll(wcs []WC) int {
 // allows it (nprdma/tcp does), the waiting goroutine receives the link's
 // packets itself instead of being woken by the link's goroutine; see
 // Driver. This does not change what Wait returns, only who runs the
-// receive path.
+// receive path. A busy-polling CQ's waiter then spins on the link itself
+// (DriveWaiter.BusyPoll); when it cannot drive it spins on the queue.
 func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 	if len(wcs) == 0 {
 		return 0, fmt.Errorf("nprdma: cq wait: empty completion slice")
 	}
-	if n := cq.Poll(wcs); n > 0 {
-		return n, nil
-	}
-	if cq.busyPoll > 0 && runtime.GOMAXPROCS(0) > 1 {
-		// Spin on the counter: the goroutine delivering completions runs on
-		// another P, and no wake-up is needed when it pushes one. With a
-		// single P spinning would only delay it, so Wait parks at once.
-		deadline := nanotime() + int64(cq.busyPoll)
-		for i := 1; ; i++ {
-			if cq.avail.Load() > 0 {
-				if n := cq.Poll(wcs); n > 0 {
-					return n, nil
-				}
-			}
-			if i%128 == 0 {
-				if cq.dead.Load() || nanotime() > deadline || ctx.Err() != nil {
-					break
-				}
-			}
-		}
-	}
+	spin := cq.spinBudget()
 	for {
 		if n := cq.Poll(wcs); n > 0 {
 			return n, nil
@@ -206,6 +201,13 @@ func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 			if ctx.Err() != nil && cq.avail.Load() == 0 {
 				return 0, ctx.Err()
 			}
+			continue
+		}
+		if spin > 0 {
+			if n := cq.spin(ctx, wcs, spin); n > 0 {
+				return n, nil
+			}
+			spin = 0
 			continue
 		}
 		cq.sleepers.Add(1)
@@ -226,14 +228,35 @@ func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 	}
 }
 
+// spin polls the queue for up to d: the goroutine delivering completions
+// runs on another P and needs to wake nobody when it pushes one. It stops
+// early at the bell: the link the waiter could not drive may be free now
+// (DriveWaiter.Wake).
+func (cq *CQ) spin(ctx context.Context, wcs []WC, d time.Duration) int {
+	deadline := nanotime() + int64(d)
+	for i := 1; ; i++ {
+		if cq.avail.Load() > 0 {
+			if n := cq.Poll(wcs); n > 0 {
+				return n
+			}
+		}
+		if i%128 == 0 {
+			if cq.dead.Load() || nanotime() > deadline || ctx.Err() != nil {
+				return 0
+			}
+			select {
+			case <-cq.bell:
+				return 0
+			default:
+			}
+		}
+	}
+}
+
 // drive receives on the link of the CQ's only queue pair until a completion
 // arrives or ctx ends; false if it cannot (several queue pairs, a link that
-// does not allow it or is busy receiving elsewhere). A busy-polling CQ
-// does not drive: its spinning goroutine already needs no wake-up.
+// does not allow it or is busy receiving elsewhere).
 func (cq *CQ) drive(ctx context.Context) bool {
-	if cq.busyPoll > 0 {
-		return false
-	}
 	qp := cq.solo.Load()
 	if qp == nil || qp.State() != QPStateRTS {
 		return false

@@ -3,6 +3,7 @@ package nprdma
 import (
 	"context"
 	"strconv"
+	"time"
 )
 
 // This file is the provider interface: what a transport (nprdma/tcp,
@@ -104,6 +105,11 @@ type DriveWaiter interface {
 	Done() bool
 	// Wake wakes the waiter where it waits when it could not drive.
 	Wake()
+	// BusyPoll is how long the driver may spin on the link, polling for
+	// packets without blocking, before it blocks for them (0: it blocks at
+	// once). Spinning saves the wake-up of a goroutine blocked in the
+	// network poller; it pays only with a CPU to spare.
+	BusyPoll() time.Duration
 }
 
 // Receiver is the queue pair side of a link.

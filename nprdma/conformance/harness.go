@@ -22,6 +22,9 @@ type Harness struct {
 	NewProvider func(t *testing.T) nprdma.Provider
 	// ListenAddr is what servers pass to Device.Listen.
 	ListenAddr string
+	// CQOptions apply to every completion queue the suite creates (a run
+	// with busy-polling CQs, for example).
+	CQOptions []nprdma.CQOption
 }
 
 // FaultInjector is implemented by providers that can act on the process
@@ -46,6 +49,7 @@ type side struct {
 	scq  *nprdma.CQ
 	rcq  *nprdma.CQ
 	qp   *nprdma.QP
+	cqs  []nprdma.CQOption
 }
 
 type pairConfig struct {
@@ -60,7 +64,7 @@ func newSide(t *testing.T, h Harness) *side {
 	p := h.NewProvider(t)
 	dev := nprdma.NewDevice(p, nprdma.WithPinning(false))
 	t.Cleanup(func() { dev.Close() })
-	return &side{prov: p, dev: dev, pd: dev.AllocPD()}
+	return &side{prov: p, dev: dev, pd: dev.AllocPD(), cqs: h.CQOptions}
 }
 
 func (s *side) newQP(t *testing.T, cfg nprdma.QPConfig, cqDepth int) {
@@ -69,8 +73,8 @@ func (s *side) newQP(t *testing.T, cfg nprdma.QPConfig, cqDepth int) {
 		cqDepth = 1024
 	}
 	if s.scq == nil {
-		s.scq = s.dev.NewCQ(cqDepth)
-		s.rcq = s.dev.NewCQ(cqDepth)
+		s.scq = s.dev.NewCQ(cqDepth, s.cqs...)
+		s.rcq = s.dev.NewCQ(cqDepth, s.cqs...)
 	}
 	cfg.SendCQ, cfg.RecvCQ = s.scq, s.rcq
 	qp, err := s.pd.NewQP(cfg)

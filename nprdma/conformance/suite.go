@@ -730,8 +730,8 @@ func testPeerSilent(t *testing.T, h Harness) {
 func testManyQPsOneCQ(t *testing.T, h Harness) {
 	const qps, rounds, size = 8, 40, 1024
 	cliSide, srvSide := newSide(t, h), newSide(t, h)
-	scq, rcq := cliSide.dev.NewCQ(4096), cliSide.dev.NewCQ(16)
-	srvRCQ, srvSCQ := srvSide.dev.NewCQ(4096), srvSide.dev.NewCQ(16)
+	scq, rcq := cliSide.dev.NewCQ(4096, h.CQOptions...), cliSide.dev.NewCQ(16, h.CQOptions...)
+	srvRCQ, srvSCQ := srvSide.dev.NewCQ(4096, h.CQOptions...), srvSide.dev.NewCQ(16, h.CQOptions...)
 	ln, err := srvSide.dev.Listen(h.ListenAddr)
 	if err != nil {
 		t.Fatal(err)

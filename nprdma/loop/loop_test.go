@@ -2,6 +2,7 @@ package loop_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/conformance"
@@ -10,7 +11,12 @@ import (
 
 func TestConformance(t *testing.T) {
 	fabric := loop.NewFabric()
-	conformance.Run(t, conformance.Harness{
+	h := conformance.Harness{
 		NewProvider: func(t *testing.T) nprdma.Provider { return loop.New(loop.WithFabric(fabric)) },
+	}
+	conformance.Run(t, h)
+	t.Run("BusyPoll", func(t *testing.T) {
+		h.CQOptions = []nprdma.CQOption{nprdma.WithBusyPoll(200 * time.Microsecond)}
+		conformance.Run(t, h)
 	})
 }

@@ -3,6 +3,7 @@ package tcp_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/tcp"
@@ -10,17 +11,23 @@ import (
 
 // TestHotPathAllocations checks that a READ, a WRITE and a SEND with its
 // receive, from post to completion, allocate nothing in the steady state
-// (counted over every goroutine, the connection's own included).
+// (counted over every goroutine, the connection's own included), with
+// blocking and with busy-polling completion queues.
 func TestHotPathAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
+	t.Run("blocking", func(t *testing.T) { testHotPathAllocations(t) })
+	t.Run("busy-poll", func(t *testing.T) { testHotPathAllocations(t, nprdma.WithBusyPoll(time.Millisecond)) })
+}
+
+func testHotPathAllocations(t *testing.T, cqOpts ...nprdma.CQOption) {
 	prov := tcp.New()
 	cliDev, srvDev := nprdma.NewDevice(prov, nprdma.WithPinning(false)), nprdma.NewDevice(prov, nprdma.WithPinning(false))
 	defer cliDev.Close()
 	defer srvDev.Close()
 	cpd, spd := cliDev.AllocPD(), srvDev.AllocPD()
-	cq, rcq := cliDev.NewCQ(64), srvDev.NewCQ(64)
+	cq, rcq := cliDev.NewCQ(64, cqOpts...), srvDev.NewCQ(64, cqOpts...)
 	cli, _ := cpd.NewQP(nprdma.QPConfig{SendCQ: cq})
 	srv, _ := spd.NewQP(nprdma.QPConfig{SendCQ: srvDev.NewCQ(16), RecvCQ: rcq})
 	lbuf, _ := nprdma.AllocBuffer(8192)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,14 +29,15 @@ type directPair struct {
 	lbuf, rbuf       []byte
 }
 
-func newDirectPair(t *testing.T, cliOpts, srvOpts []Option) *directPair {
+// cqOpts apply to the client's completion queues.
+func newDirectPair(t *testing.T, cliOpts, srvOpts []Option, cqOpts ...nprdma.CQOption) *directPair {
 	t.Helper()
 	p := &directPair{cliProv: New(cliOpts...), srvProv: New(srvOpts...)}
 	cdev := nprdma.NewDevice(p.cliProv, nprdma.WithPinning(false))
 	sdev := nprdma.NewDevice(p.srvProv, nprdma.WithPinning(false))
 	t.Cleanup(func() { cdev.Close(); sdev.Close() })
 	cpd, spd := cdev.AllocPD(), sdev.AllocPD()
-	p.cliSCQ, p.cliRCQ = cdev.NewCQ(256), cdev.NewCQ(256)
+	p.cliSCQ, p.cliRCQ = cdev.NewCQ(256, cqOpts...), cdev.NewCQ(256, cqOpts...)
 	p.srvSCQ, p.srvRCQ = sdev.NewCQ(256), sdev.NewCQ(256)
 	var err error
 	if p.cli, err = cpd.NewQP(nprdma.QPConfig{SendCQ: p.cliSCQ, RecvCQ: p.cliRCQ}); err != nil {
@@ -117,21 +119,28 @@ func (p *directPair) read(t *testing.T, ctx context.Context, id uint64, off, n i
 // The waiter receives its completions itself: after the first READ (which
 // finds the reader goroutine receiving and asks it to step aside), every
 // READ is received by the goroutine in Wait. With direct completion off,
-// none is.
+// none is. A busy-polling CQ's waiter drives too, and spins on the socket:
+// with a spin of 10 ms and a spare P nearly every READ's response is found
+// by a spinning read.
 func TestDirectCompletionDrives(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name   string
 		linger time.Duration
-	}{{"on", time.Hour}, {"off", 0}} {
+		spin   time.Duration
+	}{{"on", time.Hour, 0}, {"off", 0, 0}, {"busy-poll", time.Hour, 10 * time.Millisecond}} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newDirectPair(t, []Option{WithDirectCompletion(tc.linger)}, nil)
+			var cqOpts []nprdma.CQOption
+			if tc.spin > 0 {
+				cqOpts = append(cqOpts, nprdma.WithBusyPoll(tc.spin))
+			}
+			p := newDirectPair(t, []Option{WithDirectCompletion(tc.linger)}, nil, cqOpts...)
 			l := onlyLink(t, p.cliProv)
 			const n = 200
 			for i := 0; i < n; i++ {
 				p.read(t, ctx, uint64(i), (i%64)*4096, 4096)
 			}
-			drives := l.rcv.drives.Load()
+			drives, hits := l.rcv.drives.Load(), l.cr.sp.hits.Load()
 			// The first READs may find the reader goroutine still
 			// receiving (it steps aside at its next pause, which a slow
 			// scheduler can delay past the next READ or two).
@@ -141,8 +150,75 @@ func TestDirectCompletionDrives(t *testing.T) {
 			if tc.linger == 0 && drives != 0 {
 				t.Fatalf("direct completion off, yet %d READs were received by their waiter", drives)
 			}
+			switch {
+			case tc.spin == 0 && hits != 0:
+				t.Fatalf("%d reads satisfied by spinning without busy polling", hits)
+			case tc.spin > 0 && runtime.GOMAXPROCS(0) > 1 && hits < n-10:
+				t.Fatalf("%d of %d READs found by a spinning read, want at least %d", hits, n, n-10)
+			case tc.spin > 0 && runtime.GOMAXPROCS(0) == 1 && hits != 0:
+				t.Fatalf("%d reads satisfied by spinning with a single P", hits)
+			}
 		})
 	}
+}
+
+// A busy-polling waiter spins only for its spin time, then blocks: while the
+// server is frozen for 300 ms, a waiter with a 1 ms spin burns next to no
+// CPU, and the READ completes with the right bytes after the thaw.
+func TestBusyPollSpinEnds(t *testing.T) {
+	if runtime.GOMAXPROCS(0) == 1 {
+		t.Skip("a single P: Wait does not spin")
+	}
+	p := newDirectPair(t, []Option{WithDirectCompletion(time.Hour)}, nil, nprdma.WithBusyPoll(time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := 0; i < 3; i++ {
+		p.read(t, ctx, uint64(i), 0, 4096) // the waiter drives from here on
+	}
+	p.srvProv.Freeze()
+	before := cpuTime(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.read(t, ctx, 9, 8192, 4096)
+	}()
+	time.Sleep(300 * time.Millisecond)
+	used := cpuTime(t) - before
+	p.srvProv.Thaw()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("READ not completed after the thaw")
+	}
+	// A waiter spinning all along would have used ~300 ms.
+	if used > 100*time.Millisecond {
+		t.Fatalf("the process used %v of CPU in 300 ms of waiting: the waiter spun past its 1 ms", used)
+	}
+	t.Logf("CPU used while waiting 300 ms: %v", used)
+}
+
+// A busy-polling waiter that finds the reader goroutine receiving spins on
+// its queue; when the reader goroutine steps aside (Wake) the waiter stops
+// spinning and drives. The reader goroutine may step aside before it has
+// read the response: a waiter that went on spinning would see no
+// completion until its spin time (a minute here) ran out.
+func TestBusyPollWaiterTakesOver(t *testing.T) {
+	p := newDirectPair(t, []Option{WithDirectCompletion(time.Hour)}, nil, nprdma.WithBusyPoll(time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := 0; i < 20; i++ {
+		p.read(t, ctx, uint64(i), i*4096, 4096)
+	}
+}
+
+// cpuTime is the process's user and system CPU time so far.
+func cpuTime(t *testing.T) time.Duration {
+	t.Helper()
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // When the waiter leaves, the reader goroutine takes the receive side back
@@ -195,7 +271,14 @@ func TestDirectLingerHandsBack(t *testing.T) {
 // stays consistent, and the next wait receives what is still coming. Many
 // short waits during a 16 MiB READ end in the middle of its payload.
 func TestDriveContextEnds(t *testing.T) {
-	p := newDirectPair(t, []Option{WithDirectCompletion(time.Hour)}, nil)
+	t.Run("blocking", func(t *testing.T) { testDriveContextEnds(t) })
+	// Waits of 200 µs with a spin of 1 s: the spin stops when the context
+	// ends, as the blocking read does.
+	t.Run("busy-poll", func(t *testing.T) { testDriveContextEnds(t, nprdma.WithBusyPoll(time.Second)) })
+}
+
+func testDriveContextEnds(t *testing.T, cqOpts ...nprdma.CQOption) {
+	p := newDirectPair(t, []Option{WithDirectCompletion(time.Hour)}, nil, cqOpts...)
 	ctx := context.Background()
 	p.read(t, ctx, 1, 0, 4096)
 	p.read(t, ctx, 2, 0, 4096)

@@ -33,6 +33,7 @@ type link struct {
 	nc   *net.TCPConn
 	rc   syscall.RawConn
 	rd   *reader
+	cr   *connReader // rd's source
 	rx   nprdma.Receiver
 	rcv  rxState
 	intr interrupter
@@ -118,7 +119,9 @@ func newLink(p *Provider, nc *net.TCPConn, rd *reader) (*link, error) {
 	l := &link{prov: p, nc: nc, rc: rc, rd: rd, iov: make([]unix.Iovec, 0, 64), abortCh: make(chan struct{}), pend: new(wbatch), spare: new(wbatch)}
 	l.writeFn = l.writeSocket
 	l.rcv.wake = make(chan struct{}, 1)
-	rd.src = &connReader{nc: nc, rx: &l.rcv}
+	l.cr = &connReader{nc: nc, rx: &l.rcv}
+	l.cr.sp.rc, l.cr.sp.fn = rc, l.cr.sp.read
+	rd.src = l.cr
 	if !p.addLink(l) {
 		nc.Close()
 		return nil, errCrashed

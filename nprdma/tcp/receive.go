@@ -9,7 +9,10 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nprdma/nprdma/nprdma"
 )
@@ -69,13 +72,34 @@ func nanotime() int64 { return int64(time.Since(epoch)) }
 // connReader is the connection as the frame reader reads it. A driver whose
 // context ends is interrupted with a read deadline in the past; the
 // deadline takes effect only between frames, where nothing is half
-// delivered: in the middle of a frame the read is retried.
+// delivered: in the middle of a frame the read is retried. A busy-polling
+// driver's reads first spin with non-blocking reads (spin).
 type connReader struct {
 	nc *net.TCPConn
 	rx *rxState
+	sp spinRead
+}
+
+// spinRead is the state of a spinning read, kept here so that the RawConn
+// callback (fn, a method value made once) needs no closure.
+type spinRead struct {
+	rc    syscall.RawConn
+	fn    func(fd uintptr) bool
+	until int64           // nanotime to stop spinning; 0: do not spin
+	ctx   context.Context // the driver's
+	p     []byte
+	n     int
+	err   error
+	got   bool          // a read returned data, the end of the stream or an error
+	hits  atomic.Uint64 // reads that spinning satisfied (for tests)
 }
 
 func (c *connReader) Read(p []byte) (int, error) {
+	if c.sp.until != 0 {
+		if n, err, ok := c.spin(p); ok {
+			return n, err
+		}
+	}
 	for {
 		n, err := c.nc.Read(p)
 		if err == nil || n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -87,6 +111,47 @@ func (c *connReader) Read(p []byte) (int, error) {
 		// In the middle of a frame: finish it first. The driver checks
 		// its context again at the next boundary.
 		c.nc.SetReadDeadline(time.Time{})
+	}
+}
+
+// spin reads with non-blocking reads until one returns something (ok) or
+// the spin time is up or the driver's context ends (not ok, and no more
+// spinning in this drive: the caller blocks as usual). A read that spins
+// finds the packet as soon as the peer's write lands, with no wake-up of a
+// goroutine blocked in the network poller.
+func (c *connReader) spin(p []byte) (n int, err error, ok bool) {
+	sp := &c.sp
+	sp.p, sp.got = p, false
+	rerr := sp.rc.Read(sp.fn)
+	n, err, ok = sp.n, sp.err, sp.got
+	sp.p, sp.n, sp.err = nil, 0, nil
+	if rerr != nil || !ok {
+		sp.until = 0
+		return 0, nil, false
+	}
+	sp.hits.Add(1)
+	return n, err, true
+}
+
+func (sp *spinRead) read(fd uintptr) bool {
+	for i := 1; ; i++ {
+		n, err := unix.Read(int(fd), sp.p)
+		switch {
+		case err == nil:
+			sp.n, sp.got = n, true
+			if n == 0 {
+				sp.err = io.EOF
+			}
+			return true
+		case err == unix.EINTR:
+			continue
+		case err != unix.EAGAIN:
+			sp.err, sp.got = err, true
+			return true
+		}
+		if i%32 == 0 && (nanotime() > sp.until || sp.ctx.Err() != nil) {
+			return true // not got: block as usual
+		}
 	}
 }
 
@@ -424,7 +489,12 @@ func (l *link) Drive(ctx context.Context, w nprdma.DriveWaiter) bool {
 	if watched {
 		l.intr.arm(l, ctx)
 	}
+	sp := &l.cr.sp
+	if d := w.BusyPoll(); d > 0 {
+		sp.until, sp.ctx = nanotime()+int64(d), ctx
+	}
 	err := l.receive(&drive{ctx: ctx, w: w})
+	sp.until, sp.ctx = 0, nil
 	if watched {
 		l.intr.disarm(l)
 	}
