@@ -212,39 +212,51 @@ func (rig *testRig) dial(t *testing.T, qc QueueConfig, opts ...DialOption) *Host
 	return q
 }
 
+// busyPoll runs fn with both ends blocking and with both ends busy-polling
+// (the controller's receive loop and the host's completions).
+func busyPoll(t *testing.T, fn func(t *testing.T, lo []ListenOption, do []DialOption)) {
+	t.Run("blocking", func(t *testing.T) { fn(t, nil, nil) })
+	t.Run("busy-poll", func(t *testing.T) {
+		d := 200 * time.Microsecond
+		fn(t, []ListenOption{WithReceiveBusyPoll(d)}, []DialOption{WithCompletionBusyPoll(d)})
+	})
+}
+
 func TestWritesAndReads(t *testing.T) {
 	forEachProvider(t, func(t *testing.T, pk providerKind) {
-		rig := newRig(t, pk)
-		q := rig.dial(t, QueueConfig{QID: 1, Entries: 32, InCapsuleData: DefaultInCapsuleData})
-		ctx := context.Background()
-		rng := rand.New(rand.NewPCG(1, 2))
-		for _, blocks := range []uint32{1, 8, 16, 17, 64, 2048} {
-			payload := make([]byte, int(blocks)*testBlock)
-			for i := range payload {
-				payload[i] = byte(rng.Uint32())
+		busyPoll(t, func(t *testing.T, lo []ListenOption, do []DialOption) {
+			rig := newRig(t, pk, lo...)
+			q := rig.dial(t, QueueConfig{QID: 1, Entries: 32, InCapsuleData: DefaultInCapsuleData}, do...)
+			ctx := context.Background()
+			rng := rand.New(rand.NewPCG(1, 2))
+			for _, blocks := range []uint32{1, 8, 16, 17, 64, 2048} {
+				payload := make([]byte, int(blocks)*testBlock)
+				for i := range payload {
+					payload[i] = byte(rng.Uint32())
+				}
+				srvBefore := rig.queue(t, 0).Stats()
+				slba := uint64(blocks) // distinct places
+				if _, err := q.Submit(ctx, mustCmdNoT(nvme.WriteCommand(1, slba, blocks, 0, nvme.NullSGL())), payload); err != nil {
+					t.Fatalf("write %d blocks: %v", blocks, err)
+				}
+				srvAfter := rig.queue(t, 0).Stats()
+				wantRDMA := len(payload) > DefaultInCapsuleData
+				if got := srvAfter.HostReads - srvBefore.HostReads; (got == 1) != wantRDMA {
+					t.Fatalf("write of %d bytes: %d RDMA READs of host data, want in-capsule=%v", len(payload), got, !wantRDMA)
+				}
+				got := make([]byte, len(payload))
+				cqe, err := q.Submit(ctx, mustCmdNoT(nvme.ReadCommand(1, slba, blocks, 0, nvme.NullSGL())), got)
+				if err != nil {
+					t.Fatalf("read %d blocks: %v", blocks, err)
+				}
+				if cqe.DW0 != 0xabcd || cqe.SQID != 1 {
+					t.Fatalf("completion %+v: DW0/SQID not carried", cqe)
+				}
+				if !bytes.Equal(got, payload) {
+					t.Fatalf("read back %d blocks: data differs", blocks)
+				}
 			}
-			srvBefore := rig.queue(t, 0).Stats()
-			slba := uint64(blocks) // distinct places
-			if _, err := q.Submit(ctx, mustCmdNoT(nvme.WriteCommand(1, slba, blocks, 0, nvme.NullSGL())), payload); err != nil {
-				t.Fatalf("write %d blocks: %v", blocks, err)
-			}
-			srvAfter := rig.queue(t, 0).Stats()
-			wantRDMA := len(payload) > DefaultInCapsuleData
-			if got := srvAfter.HostReads - srvBefore.HostReads; (got == 1) != wantRDMA {
-				t.Fatalf("write of %d bytes: %d RDMA READs of host data, want in-capsule=%v", len(payload), got, !wantRDMA)
-			}
-			got := make([]byte, len(payload))
-			cqe, err := q.Submit(ctx, mustCmdNoT(nvme.ReadCommand(1, slba, blocks, 0, nvme.NullSGL())), got)
-			if err != nil {
-				t.Fatalf("read %d blocks: %v", blocks, err)
-			}
-			if cqe.DW0 != 0xabcd || cqe.SQID != 1 {
-				t.Fatalf("completion %+v: DW0/SQID not carried", cqe)
-			}
-			if !bytes.Equal(got, payload) {
-				t.Fatalf("read back %d blocks: data differs", blocks)
-			}
-		}
+		})
 	})
 }
 
@@ -505,44 +517,46 @@ func TestQueueLossFailsOutstandingCommands(t *testing.T) {
 
 func TestConcurrentSubmitters(t *testing.T) {
 	forEachProvider(t, func(t *testing.T, pk providerKind) {
-		rig := newRig(t, pk)
-		q := rig.dial(t, QueueConfig{QID: 1, Entries: 16, InCapsuleData: 4096})
-		const workers, rounds = 24, 40
-		var wg sync.WaitGroup
-		errc := make(chan error, workers)
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				rng := rand.New(rand.NewPCG(uint64(w), 9))
-				for i := 0; i < rounds; i++ {
-					blocks := uint32(1 + rng.IntN(16))
-					slba := uint64(w) * 64 // each worker its own blocks
-					p := make([]byte, int(blocks)*testBlock)
-					for j := range p {
-						p[j] = byte(rng.Uint32())
+		busyPoll(t, func(t *testing.T, lo []ListenOption, do []DialOption) {
+			rig := newRig(t, pk, lo...)
+			q := rig.dial(t, QueueConfig{QID: 1, Entries: 16, InCapsuleData: 4096}, do...)
+			const workers, rounds = 24, 40
+			var wg sync.WaitGroup
+			errc := make(chan error, workers)
+			for w := 0; w < workers; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(w), 9))
+					for i := 0; i < rounds; i++ {
+						blocks := uint32(1 + rng.IntN(16))
+						slba := uint64(w) * 64 // each worker its own blocks
+						p := make([]byte, int(blocks)*testBlock)
+						for j := range p {
+							p[j] = byte(rng.Uint32())
+						}
+						if _, err := q.Submit(context.Background(), mustCmdNoT(nvme.WriteCommand(1, slba, blocks, 0, nvme.NullSGL())), p); err != nil {
+							errc <- err
+							return
+						}
+						got := make([]byte, len(p))
+						if _, err := q.Submit(context.Background(), mustCmdNoT(nvme.ReadCommand(1, slba, blocks, 0, nvme.NullSGL())), got); err != nil {
+							errc <- err
+							return
+						}
+						if !bytes.Equal(got, p) {
+							errc <- fmt.Errorf("worker %d round %d: data differs", w, i)
+							return
+						}
 					}
-					if _, err := q.Submit(context.Background(), mustCmdNoT(nvme.WriteCommand(1, slba, blocks, 0, nvme.NullSGL())), p); err != nil {
-						errc <- err
-						return
-					}
-					got := make([]byte, len(p))
-					if _, err := q.Submit(context.Background(), mustCmdNoT(nvme.ReadCommand(1, slba, blocks, 0, nvme.NullSGL())), got); err != nil {
-						errc <- err
-						return
-					}
-					if !bytes.Equal(got, p) {
-						errc <- fmt.Errorf("worker %d round %d: data differs", w, i)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errc)
-		for err := range errc {
-			t.Fatal(err)
-		}
+				}()
+			}
+			wg.Wait()
+			close(errc)
+			for err := range errc {
+				t.Fatal(err)
+			}
+		})
 	})
 }
 
