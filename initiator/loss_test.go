@@ -218,3 +218,56 @@ func TestTargetRestartSettlesUnflushedChanges(t *testing.T) {
 		t.Fatalf("flushed data after the restarts: %v, equal %v", err, bytes.Equal(got, buf))
 	}
 }
+
+// A write, trim or write-zeroes whose completion from a target is processed
+// after the namespace has already recorded the target's next instance (its
+// session outlived the restart by a completion) is settled as the restart
+// settled the rest: lost after an unclean restart, flushed after a clean
+// one; never left unflushed for a Flush on the new target to "cover".
+func TestLateCompletionAfterRestartIsSettled(t *testing.T) {
+	tracked := func(boot, unclean uint64) nvme.NPInstance {
+		return nvme.NPInstance{BootID: boot, UncleanStarts: unclean, Flags: nvme.NPInstanceTracked}
+	}
+	a, b, c := tracked(1, 0), tracked(2, 1), tracked(3, 1) // a → b: unclean; b → c: clean
+	var d durability
+	d.sawInstance(a)
+	if d.changed(4096, a) {
+		t.Fatal("a change acknowledged by the current instance counted as lost")
+	}
+	if _, mayHaveLost, u := d.sawInstance(b); !mayHaveLost || u != (Unflushed{1, 4096}) {
+		t.Fatalf("unclean restart settled %+v (may have lost %v), want 1 change of 4096 bytes lost", u, mayHaveLost)
+	}
+	if !d.changed(8192, a) {
+		t.Fatal("a late completion from before an unclean restart not counted as lost")
+	}
+	if d.lost != (Unflushed{2, 12288}) {
+		t.Fatalf("lost %+v, want 2 changes of 12288 bytes", d.lost)
+	}
+	unflushed := func() Unflushed {
+		return Unflushed{d.acked.Commands - d.flushed.Commands, d.acked.Bytes - d.flushed.Bytes}
+	}
+	if u := unflushed(); u != (Unflushed{}) {
+		t.Fatalf("unflushed %+v after the late completion, want none: it belongs to the lost instance", u)
+	}
+	if _, mayHaveLost, _ := d.sawInstance(c); mayHaveLost {
+		t.Fatal("a clean restart said to have lost changes")
+	}
+	if d.changed(512, b) {
+		t.Fatal("a late completion from before a clean restart counted as lost")
+	}
+	if !d.changed(1024, a) {
+		t.Fatal("a late completion from before an unclean restart two instances back not counted as lost")
+	}
+	if d.lost != (Unflushed{3, 13312}) || unflushed() != (Unflushed{}) {
+		t.Fatalf("lost %+v unflushed %+v, want 3 changes of 13312 bytes lost, nothing unflushed", d.lost, unflushed())
+	}
+	if d.changed(512, c) || unflushed() != (Unflushed{1, 512}) {
+		t.Fatalf("a change on the current instance: unflushed %+v, want 1 of 512 bytes", unflushed())
+	}
+	// A target that reports no instance never makes a completion late.
+	var u durability
+	u.sawInstance(nvme.NPInstance{})
+	if u.changed(4096, a) || u.changed(4096, nvme.NPInstance{}) {
+		t.Fatal("a completion counted as lost although no instance was recorded")
+	}
+}

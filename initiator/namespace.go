@@ -58,11 +58,27 @@ type durability struct {
 	instance nvme.NPInstance
 }
 
-func (d *durability) changed(bytes int64) {
+// changed counts a change acknowledged by target instance by (the
+// instance of the session it completed on). A completion processed after
+// a later instance was recorded comes from a target that has restarted
+// since: the restart's settlement has passed it by, so it is settled here
+// the same way — flushed by a clean shutdown, or lost (returned true).
+func (d *durability) changed(bytes int64, by nvme.NPInstance) (lost bool) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.acked.Commands++
 	d.acked.Bytes += bytes
-	d.mu.Unlock()
+	restarted, mayHaveLost := d.instance.RestartedSince(by)
+	if !restarted {
+		return false
+	}
+	d.flushed.Commands++ // not unflushed on the new instance
+	d.flushed.Bytes += bytes
+	if mayHaveLost {
+		d.lost.Commands++
+		d.lost.Bytes += bytes
+	}
+	return mayHaveLost
 }
 
 func (d *durability) snapshot() Unflushed {
@@ -135,16 +151,31 @@ func (n *Namespace) noteInstance(s *session) {
 	switch {
 	case !restarted:
 	case mayHaveLost && u.Commands > 0:
-		select {
-		case n.lossReported <- struct{}{}:
-		default: // one is pending: its reader reads the latest count
-		}
+		n.reportLoss()
 		n.c.cfg.log.Error("initiator: the target restarted without a clean shutdown; changes acknowledged since the last flush may be lost",
 			"subsystem", n.c.subNQN, "nsid", n.nsid, "changes", u.Commands, "bytes", u.Bytes)
 	default:
 		n.c.cfg.log.Info("initiator: the target restarted; nothing unflushed was at risk",
 			"subsystem", n.c.subNQN, "nsid", n.nsid, "clean", !mayHaveLost)
 	}
+}
+
+func (n *Namespace) reportLoss() {
+	select {
+	case n.lossReported <- struct{}{}:
+	default: // one is pending: its reader reads the latest count
+	}
+}
+
+// acknowledged counts a write, trim or write-zeroes that session s
+// completed (see durability.changed).
+func (n *Namespace) acknowledged(s *session, bytes int64) {
+	if !n.durability.changed(bytes, s.ident.NP) {
+		return
+	}
+	n.reportLoss()
+	n.c.cfg.log.Error("initiator: a change acknowledged by the target before it restarted without a clean shutdown may be lost",
+		"subsystem", n.c.subNQN, "nsid", n.nsid, "bytes", bytes)
 }
 
 var _ blockio.Backend = (*Namespace)(nil)
@@ -504,7 +535,7 @@ func (n *Namespace) write(p []byte, off int64, flags nvme.IOFlag) (int, error) {
 			}
 			n.c.ctr.writes.Add(1)
 			if flags&nvme.FUA == 0 {
-				n.durability.changed(int64(k))
+				n.acknowledged(s, int64(k))
 			}
 			n.c.observe(opWrite, time.Since(start))
 			return nil
@@ -564,7 +595,7 @@ func (n *Namespace) Trim(off, length int64) error {
 				return fmt.Errorf("initiator: trim namespace %d: %w", n.nsid, err)
 			}
 			n.c.ctr.trims.Add(1)
-			n.durability.changed(batchBytes(batch))
+			n.acknowledged(s, batchBytes(batch))
 			n.c.observe(opTrim, time.Since(start))
 			return nil
 		})
@@ -602,7 +633,7 @@ func (n *Namespace) WriteZeroes(off, length int64) error {
 				return fmt.Errorf("initiator: write zeroes namespace %d: %w", n.nsid, err)
 			}
 			n.c.ctr.writeZeroes.Add(1)
-			n.durability.changed(int64(k) * BlockSize)
+			n.acknowledged(s, int64(k)*BlockSize)
 			n.c.observe(opWriteZeroes, time.Since(start))
 			return nil
 		})
