@@ -22,7 +22,7 @@ func Discover(ctx context.Context, dev *nprdma.Device, addr string, opts ...Opti
 		return nvme.DiscoveryLog{}, fmt.Errorf("initiator: %w", err)
 	}
 	defer c.pool.Close()
-	s, err := c.connectAdmin(ctx, nvme.DiscoveryNQN, 0)
+	s, err := c.connectAdmin(ctx, nvme.DiscoveryNQN, 0, nvme.NPControllerRef{})
 	if err != nil {
 		return nvme.DiscoveryLog{}, err
 	}

@@ -514,7 +514,7 @@ func TestKeepAliveTimeoutTearsControllerDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	s, err := c.connectAdmin(ctx, testSubNQN, 300*time.Millisecond)
+	s, err := c.connectAdmin(ctx, testSubNQN, 300*time.Millisecond, nvme.NPControllerRef{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -232,7 +232,7 @@ func Connect(ctx context.Context, dev *nprdma.Device, addr, subNQN string, opts 
 		c.pd.Close()
 		return nil, fmt.Errorf("initiator: %w", err)
 	}
-	s, err := c.connect(ctx)
+	s, err := c.connect(ctx, nil)
 	if err != nil {
 		c.pool.Close()
 		c.pd.Close()
@@ -291,9 +291,16 @@ func (c *Controller) IOQueues() int {
 func (c *Controller) Pool() *nprdma.BufferPool { return c.pool }
 
 // connect brings a new session up: admin queue, Connect, enable, Identify,
-// Number of Queues, I/O queues.
-func (c *Controller) connect(ctx context.Context) (*session, error) {
-	s, err := c.connectAdmin(ctx, c.subNQN, c.cfg.kato)
+// Number of Queues, I/O queues. replaces is the session it takes over from
+// (nil: none): its Connect names that session's controller, which the
+// target then tears down and fences at once, even if it has not noticed
+// the failure itself (nvme.NPControllerRef).
+func (c *Controller) connect(ctx context.Context, replaces *session) (*session, error) {
+	var ref nvme.NPControllerRef
+	if replaces != nil {
+		ref = nvme.NPControllerRef{Token: replaces.ident.NPToken, CNTLID: replaces.cntlid}
+	}
+	s, err := c.connectAdmin(ctx, c.subNQN, c.cfg.kato, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -335,7 +342,7 @@ func (c *Controller) connect(ctx context.Context) (*session, error) {
 			return fail(err)
 		}
 		s.io = append(s.io, q)
-		if err := c.connectQueue(ctx, q, s.cntlid, 0); err != nil {
+		if err := c.connectQueue(ctx, q, s.cntlid); err != nil {
 			return fail(err)
 		}
 	}
@@ -357,13 +364,17 @@ func (c *Controller) dialQueue(ctx context.Context, qc fabric.QueueConfig) (*fab
 	return q, nil
 }
 
-// connectQueue sends Fabrics Connect on q.
-func (c *Controller) connectQueue(ctx context.Context, q *fabric.HostQueue, cntlid uint16, kato time.Duration) error {
-	return connectQueue(ctx, q, c.subNQN, c.cfg.hostNQN, c.cfg.hostID, cntlid, kato, nil)
+// connectQueue sends Fabrics Connect for I/O queue q of controller cntlid.
+func (c *Controller) connectQueue(ctx context.Context, q *fabric.HostQueue, cntlid uint16) error {
+	return connectQueue(ctx, q, c.connectData(c.subNQN, cntlid), 0, nil)
 }
 
-func connectQueue(ctx context.Context, q *fabric.HostQueue, subNQN, hostNQN string, hostID nvme.UUID, cntlid uint16, kato time.Duration, gotCNTLID *uint16) error {
-	data := nvme.ConnectData{HostID: hostID, CNTLID: cntlid, SubNQN: subNQN, HostNQN: hostNQN}
+func (c *Controller) connectData(subNQN string, cntlid uint16) nvme.ConnectData {
+	return nvme.ConnectData{HostID: c.cfg.hostID, CNTLID: cntlid, SubNQN: subNQN, HostNQN: c.cfg.hostNQN}
+}
+
+func connectQueue(ctx context.Context, q *fabric.HostQueue, data nvme.ConnectData, kato time.Duration, gotCNTLID *uint16) error {
+	subNQN, hostNQN := data.SubNQN, data.HostNQN
 	raw, err := data.Marshal()
 	if err != nil {
 		return fmt.Errorf("initiator: connect data: %w", err)
@@ -390,14 +401,17 @@ func connectQueue(ctx context.Context, q *fabric.HostQueue, subNQN, hostNQN stri
 }
 
 // connectAdmin dials and connects an admin queue to subNQN, enables the
-// controller and reads Identify Controller.
-func (c *Controller) connectAdmin(ctx context.Context, subNQN string, kato time.Duration) (*session, error) {
+// controller and reads Identify Controller. replaces names the controller
+// the new one replaces (zero: none).
+func (c *Controller) connectAdmin(ctx context.Context, subNQN string, kato time.Duration, replaces nvme.NPControllerRef) (*session, error) {
 	q, err := c.dialQueue(ctx, fabric.QueueConfig{QID: 0, Entries: adminEntries, CNTLID: nvme.DynamicControllerID})
 	if err != nil {
 		return nil, err
 	}
 	s := &session{c: c, admin: q, failed: make(chan struct{}), regions: map[uint32]*regionInfo{}}
-	if err := connectQueue(ctx, q, subNQN, c.cfg.hostNQN, c.cfg.hostID, nvme.DynamicControllerID, kato, &s.cntlid); err != nil {
+	data := c.connectData(subNQN, nvme.DynamicControllerID)
+	data.Replaces = replaces
+	if err := connectQueue(ctx, q, data, kato, &s.cntlid); err != nil {
 		q.Close()
 		return nil, err
 	}
@@ -593,7 +607,7 @@ func (c *Controller) reconnect(old *session) {
 			case <-ctx.Done():
 			}
 		}()
-		s, err := c.connect(ctx)
+		s, err := c.connect(ctx, old)
 		cancel()
 		if err == nil {
 			c.ctr.reconnects.Add(1)

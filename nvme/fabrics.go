@@ -73,6 +73,9 @@ type ConnectData struct {
 	CNTLID  uint16 // @16 DynamicControllerID on the admin queue
 	SubNQN  string // @256 (256) NUL-terminated
 	HostNQN string // @512 (256) NUL-terminated
+	// Replaces (@768, vendor specific, admin queue only): the controller
+	// this one replaces, for the target to tear down (NPControllerRef).
+	Replaces NPControllerRef
 }
 
 // Marshal returns the 1024-byte data. The NQNs must fit their fields (255
@@ -87,6 +90,7 @@ func (d *ConnectData) Marshal() ([]byte, error) {
 	if err := putCString(b[512:768], d.HostNQN, "connect HOSTNQN"); err != nil {
 		return nil, err
 	}
+	d.Replaces.marshal(b[768:])
 	return b, nil
 }
 
@@ -103,6 +107,7 @@ func (d *ConnectData) Unmarshal(b []byte) error {
 		SubNQN:  getCString(b[256:512]),
 		HostNQN: getCString(b[512:768]),
 	}
+	d.Replaces.unmarshal(b[768:])
 	return nil
 }
 

@@ -42,6 +42,18 @@ func TestConnectData(t *testing.T) {
 	if err := back.Unmarshal(b); err != nil || back != d {
 		t.Fatalf("round trip %+v %v", back, err)
 	}
+	// The vendor specific reference to a replaced controller, @768.
+	d.Replaces = NPControllerRef{Token: 0x0102030405060708, CNTLID: 0x0a0b}
+	if b, err = d.Marshal(); err != nil {
+		t.Fatal(err)
+	}
+	if binary.LittleEndian.Uint64(b[768:]) != 0x0102030405060708 || binary.LittleEndian.Uint16(b[776:]) != 0x0a0b || !isZero(b[778:]) {
+		t.Fatalf("Replaces layout wrong: % x", b[768:780])
+	}
+	if err := back.Unmarshal(b); err != nil || back != d {
+		t.Fatalf("round trip with Replaces %+v %v", back, err)
+	}
+	d.Replaces = NPControllerRef{}
 
 	// Unterminated NQN fields are force-terminated at byte 255.
 	full := bytes.Repeat([]byte{'x'}, 256)

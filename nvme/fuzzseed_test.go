@@ -59,7 +59,8 @@ func connectDataSeeds() [][]byte {
 	b := must(d.Marshal())
 	full := bytes.Clone(b)
 	copy(full[256:768], bytes.Repeat([]byte{'n'}, 512))
-	return [][]byte{b, full, b[:100]}
+	d.Replaces = NPControllerRef{Token: 0x8877665544332211, CNTLID: 3}
+	return [][]byte{b, full, b[:100], must(d.Marshal())}
 }
 
 func cmSeeds() [][]byte {

@@ -197,6 +197,7 @@ type IdentifyController struct {
 	OFCS      uint16               // @1804 optional fabrics commands supported
 	PSD0      PowerStateDescriptor // @2048 power state 0
 	NP        NPInstance           // @3072 vendor specific: the NP extension's target instance (zero: not reported)
+	NPToken   uint64               // @3096 vendor specific: this controller's token (NPControllerRef; 0: not reported)
 }
 
 // Marshal returns the 4096-byte structure. It fails if a string does not fit
@@ -272,6 +273,7 @@ func (id *IdentifyController) Marshal() ([]byte, error) {
 	le.PutUint16(b[1804:], id.OFCS)
 	id.PSD0.marshal(b[2048:2080])
 	id.NP.marshal(b[3072:3092])
+	le.PutUint64(b[3096:], id.NPToken)
 	return b, nil
 }
 
@@ -343,6 +345,7 @@ func (id *IdentifyController) Unmarshal(b []byte) error {
 	}
 	id.PSD0.unmarshal(b[2048:2080])
 	id.NP.unmarshal(b[3072:3092])
+	id.NPToken = le.Uint64(b[3096:])
 	return nil
 }
 

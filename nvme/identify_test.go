@@ -25,8 +25,9 @@ func sampleController() IdentifyController {
 		SGLS: SGLSSupported | SGLSKeyedDataBlock | SGLSOffset, MNAN: 4,
 		SUBNQN: "nqn.2024-01.io.nprdma:subsys1",
 		IOCCSZ: 260, IORCSZ: 1, ICDOFF: 0, FCATT: 0, MSDBD: 1, OFCS: 0,
-		PSD0: PowerStateDescriptor{MP: 0x9c4, Flags: 0, ENLAT: 16, EXLAT: 4, RRT: 0, RRL: 0, RWT: 0, RWL: 0},
-		NP:   NPInstance{BootID: 0x1122334455667788, UncleanStarts: 3, Flags: NPInstanceTracked},
+		PSD0:    PowerStateDescriptor{MP: 0x9c4, Flags: 0, ENLAT: 16, EXLAT: 4, RRT: 0, RRL: 0, RWT: 0, RWL: 0},
+		NP:      NPInstance{BootID: 0x1122334455667788, UncleanStarts: 3, Flags: NPInstanceTracked},
+		NPToken: 0x99aabbccddeeff01,
 	}
 }
 
@@ -90,6 +91,7 @@ func TestIdentifyControllerOffsets(t *testing.T) {
 		{"NP.BootID @3072", binary.LittleEndian.Uint64(b[3072:]), 0x1122334455667788},
 		{"NP.UncleanStarts @3080", binary.LittleEndian.Uint64(b[3080:]), 3},
 		{"NP.Flags @3088", uint64(u32(3088)), 1},
+		{"NPToken @3096", binary.LittleEndian.Uint64(b[3096:]), 0x99aabbccddeeff01},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

@@ -56,6 +56,32 @@ func (p NPInstance) RestartedSince(prev NPInstance) (restarted, mayHaveLost bool
 	return true, !tracked || p.UncleanStarts != prev.UncleanStarts
 }
 
+// NPControllerRef names one controller of a target process, for the host
+// that made it. Identify Controller @3096 (u64, vendor specific) carries the
+// controller's token: random, never 0, fixed for the controller's life, so
+// that a reused CNTLID does not name it. A host that gives up on a controller
+// whose connection failed names it in the Connect of the admin queue that
+// replaces it (ConnectData.Replaces, @768, vendor specific: @0 u64 Token,
+// @8 u16 CNTLID); the target then tears the named controller down and fences
+// its queues before the new controller serves anything, even when it has not
+// noticed the failure itself (a silent link). It acts only on a controller of
+// the same subsystem, host NQN and host ID whose token matches; anything else
+// is ignored, as stock targets ignore the field.
+type NPControllerRef struct {
+	Token  uint64 // 0: none
+	CNTLID uint16
+}
+
+func (r *NPControllerRef) marshal(b []byte) {
+	le.PutUint64(b[0:], r.Token)
+	le.PutUint16(b[8:], r.CNTLID)
+}
+
+func (r *NPControllerRef) unmarshal(b []byte) {
+	r.Token = le.Uint64(b[0:])
+	r.CNTLID = le.Uint16(b[8:])
+}
+
 // RegionDescriptorFormat1 is the only region descriptor format so far.
 const RegionDescriptorFormat1 = 1
 

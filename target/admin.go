@@ -214,6 +214,9 @@ func (c *controller) identifyController() *nvme.IdentifyController {
 		PSD0: nvme.PowerStateDescriptor{MP: 2500},
 		NP:   t.instance,
 	}
+	if !c.discovery() {
+		id.NPToken = c.token
+	}
 	if c.discovery() {
 		id.SN = "discovery"
 		id.SUBNQN = nvme.DiscoveryNQN

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/blockdev"
+	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nvme"
@@ -91,7 +92,11 @@ func (r *adminRig) dial(t testing.TB, qid uint16, icd int) *fabric.HostQueue {
 
 func connectCmd(t testing.TB, q *fabric.HostQueue, sub string, cntlid uint16) (nvme.Completion, error) {
 	t.Helper()
-	d := nvme.ConnectData{CNTLID: cntlid, SubNQN: sub, HostNQN: hostNQN}
+	return connectWith(t, q, nvme.ConnectData{CNTLID: cntlid, SubNQN: sub, HostNQN: hostNQN})
+}
+
+func connectWith(t testing.TB, q *fabric.HostQueue, d nvme.ConnectData) (nvme.Completion, error) {
+	t.Helper()
 	raw, err := d.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -382,4 +387,76 @@ func allZero(b []byte) bool {
 		}
 	}
 	return true
+}
+
+// A host that gives up on a controller names it in the Connect of its
+// replacement (nvme.NPControllerRef) and the target tears it down at once.
+// Only the host's own controller, named with its token, goes: a wrong
+// token (a CNTLID reused since) or another host ID leaves it serving.
+func TestConnectReplacesTheHostsOwnController(t *testing.T) {
+	r := newAdminRig(t)
+	ctx := context.Background()
+	identify := func(q *fabric.HostQueue) nvme.IdentifyController {
+		t.Helper()
+		buf := make([]byte, nvme.IdentifySize)
+		if _, err := q.Submit(ctx, nvme.IdentifyCommand(nvme.CNSController, 0, nvme.NullSGL()), buf); err != nil {
+			t.Fatal(err)
+		}
+		var id nvme.IdentifyController
+		if err := id.Unmarshal(buf); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	q1, id1 := r.adminController(t)
+	token := identify(q1).NPToken
+	if token == 0 {
+		t.Fatal("Identify Controller reports no controller token")
+	}
+	alive := func(what string) {
+		t.Helper()
+		if _, err := q1.Submit(ctx, nvme.KeepAliveCommand(), nil); err != nil {
+			t.Fatalf("%s: the named controller stopped serving: %v", what, err)
+		}
+		if got := promtest.Sum(t, r.reg, "nprdma_target_controllers_replaced_total"); got != 0 {
+			t.Fatalf("%s: %v controllers replaced, want 0", what, got)
+		}
+	}
+	for _, tc := range []struct {
+		what string
+		d    nvme.ConnectData
+	}{
+		{"wrong token", nvme.ConnectData{Replaces: nvme.NPControllerRef{Token: token ^ 2, CNTLID: id1}}},
+		{"other host ID", nvme.ConnectData{HostID: nvme.UUID{1}, Replaces: nvme.NPControllerRef{Token: token, CNTLID: id1}}},
+		{"other CNTLID", nvme.ConnectData{Replaces: nvme.NPControllerRef{Token: token, CNTLID: id1 + 100}}},
+	} {
+		tc.d.CNTLID, tc.d.SubNQN, tc.d.HostNQN = nvme.DynamicControllerID, subNQN, hostNQN
+		if _, err := connectWith(t, r.dial(t, 0, 0), tc.d); err != nil {
+			t.Fatalf("%s: connect: %v", tc.what, err)
+		}
+		alive(tc.what)
+	}
+	q2 := r.dial(t, 0, 0)
+	cqe, err := connectWith(t, q2, nvme.ConnectData{CNTLID: nvme.DynamicControllerID, SubNQN: subNQN, HostNQN: hostNQN,
+		Replaces: nvme.NPControllerRef{Token: token, CNTLID: id1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id2 := nvme.DecodeConnectResponse(cqe.DW0).CNTLID; id2 == id1 {
+		t.Fatalf("the replacement got the replaced controller's ID %d", id1)
+	}
+	if got := promtest.Sum(t, r.reg, "nprdma_target_controllers_replaced_total"); got != 1 {
+		t.Fatalf("%v controllers replaced, want 1", got)
+	}
+	// Torn down before the replacement's Connect completed.
+	if _, err := q1.Submit(ctx, nvme.KeepAliveCommand(), nil); err == nil {
+		t.Fatal("the replaced controller still serves")
+	}
+	cc := nvme.CC{EN: true, IOSQES: 6, IOCQES: 4}
+	if _, err := q2.Submit(ctx, mc(t)(nvme.PropertySetCommand(nvme.PropCC, 4, uint64(cc.Encode()))), nil); err != nil {
+		t.Fatal(err)
+	}
+	if tok2 := identify(q2).NPToken; tok2 == 0 || tok2 == token {
+		t.Fatalf("the replacement's token %#x (the replaced one's %#x)", tok2, token)
+	}
 }

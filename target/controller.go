@@ -2,6 +2,7 @@ package target
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -205,6 +206,7 @@ type controller struct {
 	hostNQN   string
 	hostID    nvme.UUID
 	tag       uint64 // access tag of its queue pairs and region MRs
+	token     uint64 // names it for its host (nvme.NPControllerRef); never 0
 	adminConn *queueConn
 
 	mu       sync.Mutex
@@ -283,7 +285,7 @@ func (qc *queueConn) connectAdmin(p nvme.ConnectParams, d nvme.ConnectData, sub 
 	}
 	c := &controller{t: t, sub: sub, hostNQN: d.HostNQN, hostID: d.HostID, adminConn: qc, kato: kato,
 		ioQueues: map[uint16]*queueConn{}, mrs: map[uint32]*nprdma.MR{}, vwc: true,
-		tag: t.tags.Add(1)}
+		tag: t.tags.Add(1), token: rand.Uint64() | 1}
 	if sub != nil {
 		c.host = sub.hostFence(d.HostNQN)
 	}
@@ -294,6 +296,7 @@ func (qc *queueConn) connectAdmin(p nvme.ConnectParams, d nvme.ConnectData, sub 
 		return result{err: err}
 	}
 	if sub != nil {
+		t.replace(c, d.Replaces)
 		t.fenceLost(sub, d.HostNQN)
 	}
 	qc.q.QP().SetAccessTag(c.tag)
@@ -338,6 +341,31 @@ func (qc *queueConn) connectIO(p nvme.ConnectParams, d nvme.ConnectData, sub *Su
 	qc.q.QP().SetAccessTag(c.tag)
 	qc.ctrl.Store(c)
 	return result{dw0: nvme.ConnectResponse{CNTLID: c.id}.DW0()}
+}
+
+// replace tears down the controller ref names if the host of c gave it up
+// (nvme.NPControllerRef): a controller of the same subsystem, host NQN and
+// host ID, with that token. Its queues are fenced before c serves
+// anything, even when their links still look alive here (a silent link:
+// the host timed out first); otherwise they would be fenced only when this
+// side noticed, and a write of theirs still in the device could land over
+// what the host writes through c meanwhile.
+func (t *Target) replace(c *controller, ref nvme.NPControllerRef) {
+	if ref.Token == 0 {
+		return
+	}
+	t.mu.Lock()
+	old := t.ctrls[ref.CNTLID]
+	t.mu.Unlock()
+	if old == nil || old == c || old.sub != c.sub || old.hostNQN != c.hostNQN || old.hostID != c.hostID || old.token != ref.Token {
+		return // gone already, or not the host's to give up
+	}
+	if t.met != nil {
+		t.met.replaced.Inc()
+	}
+	t.log.Warn("target: controller replaced by its host before its failure was seen here; tearing it down",
+		"cntlid", old.id, "by", c.id, "subsystem", c.subNQN(), "host", c.hostNQN)
+	old.teardown(fmt.Sprintf("replaced by controller %d of its host", c.id))
 }
 
 // armKeepAliveLocked (re)starts the keep-alive timer.

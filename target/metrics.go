@@ -17,6 +17,7 @@ type metrics struct {
 	connections prometheus.Gauge
 	refused     prometheus.Counter
 	kaExpired   prometheus.Counter
+	replaced    prometheus.Counter
 
 	// Fencing of failed queues (fence.go).
 	held         prometheus.Gauge
@@ -47,6 +48,10 @@ func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
 		kaExpired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nprdma_target_keepalive_expired_total", Help: "Controllers torn down by their keep-alive timeout.",
 		}),
+		replaced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nprdma_target_controllers_replaced_total",
+			Help: "Controllers torn down because their host connected a replacement naming them (their link failed silently).",
+		}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "nprdma_target_commands_held",
 			Help: "Commands waiting now for a command of their host's failed queue that still changes the same blocks.",
@@ -61,7 +66,7 @@ func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.commands, m.latency, m.controllers, m.connections, m.refused, m.kaExpired,
-		m.held, m.heldTimeouts, m.fenceDropped, nprdma.NewPrometheusCollector(t.dev, t.pool)} {
+		m.replaced, m.held, m.heldTimeouts, m.fenceDropped, nprdma.NewPrometheusCollector(t.dev, t.pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

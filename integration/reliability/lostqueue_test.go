@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,6 +53,132 @@ func (c *cutter) Cut() {
 	}
 }
 
+// silencer is a host provider whose connections a test can silence: Cut
+// makes every link dialled so far fail for the host at once (its queue
+// pairs go down, it reconnects) while the target sees nothing: the
+// connection stays open and whatever either side sends is dropped, as when
+// a network path dies without a reset. The target notices only at its own
+// timeouts. Links hide the provider's optional interfaces (no direct
+// completion).
+type silencer struct {
+	nprdma.Provider
+	mu    sync.Mutex
+	links []*silentLink
+}
+
+func (s *silencer) Dial(ctx context.Context, addr string, hello nprdma.Hello) (nprdma.Link, nprdma.Hello, error) {
+	l, h, err := s.Provider.Dial(ctx, addr, hello)
+	if err != nil {
+		return nil, h, err
+	}
+	sl := &silentLink{Link: l}
+	s.mu.Lock()
+	s.links = append(s.links, sl)
+	s.mu.Unlock()
+	return sl, h, nil
+}
+
+// Cut silences every connection of the host.
+func (s *silencer) Cut() {
+	s.mu.Lock()
+	links := s.links
+	s.mu.Unlock()
+	for _, l := range links {
+		l.silence()
+	}
+}
+
+// close aborts the connections for real (the test's end).
+func (s *silencer) close() {
+	s.mu.Lock()
+	links := s.links
+	s.links = nil
+	s.mu.Unlock()
+	for _, l := range links {
+		l.Link.Abort()
+	}
+}
+
+type silentLink struct {
+	nprdma.Link
+	silent atomic.Bool
+	mu     sync.Mutex // orders deliveries and silence
+	rx     nprdma.Receiver
+}
+
+func (l *silentLink) Start(r nprdma.Receiver) {
+	l.mu.Lock()
+	l.rx = r
+	l.mu.Unlock()
+	l.Link.Start(silentReceiver{l})
+}
+
+func (l *silentLink) Send(pkts []nprdma.Packet) {
+	if !l.silent.Load() {
+		l.Link.Send(pkts)
+		return
+	}
+	for _, p := range pkts {
+		if p.Buf != nil {
+			p.Buf.Release()
+		}
+	}
+}
+
+func (l *silentLink) Flush() {
+	if !l.silent.Load() {
+		l.Link.Flush()
+	}
+}
+
+func (l *silentLink) Close() {
+	if !l.silent.Load() {
+		l.Link.Close()
+	}
+}
+
+func (l *silentLink) Abort() {
+	if !l.silent.Load() {
+		l.Link.Abort()
+	}
+}
+
+func (l *silentLink) silence() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rx == nil || l.silent.Swap(true) {
+		return
+	}
+	l.rx.LinkDown(errors.New("test: the connection went silent"))
+}
+
+type silentReceiver struct{ l *silentLink }
+
+func (r silentReceiver) Deliver(h *nprdma.Header, p nprdma.Payload) error {
+	r.l.mu.Lock()
+	defer r.l.mu.Unlock()
+	if r.l.silent.Load() {
+		return p.Discard(h.PayloadLen())
+	}
+	return r.l.rx.Deliver(h, p)
+}
+
+func (r silentReceiver) Idle() {
+	r.l.mu.Lock()
+	defer r.l.mu.Unlock()
+	if !r.l.silent.Load() {
+		r.l.rx.Idle()
+	}
+}
+
+func (r silentReceiver) LinkDown(err error) {
+	r.l.mu.Lock()
+	defer r.l.mu.Unlock()
+	if !r.l.silent.Swap(true) {
+		r.l.rx.LinkDown(err)
+	}
+}
+
 // lostQueueTarget is the layout of the lost-queue tests: the pinned
 // baseline's two-sided-only namespaces, whose every command goes straight
 // to the backing device as on a conventional target, so that a command
@@ -93,11 +220,23 @@ func (r *targetRig) cuttableHost(t *testing.T, host string) (*cutter, *initiator
 	if r.kind.loop {
 		cut.Provider = loop.New(loop.WithFabric(r.lf))
 	}
-	dev := nprdma.NewDevice(cut, nprdma.WithName("host"), nprdma.WithPinning(false))
+	return cut, r.hostOver(t, cut, host)
+}
+
+// silenceableHost connects host over tcp through a silencer.
+func (r *targetRig) silenceableHost(t *testing.T, host string) (*silencer, *initiator.Controller) {
+	t.Helper()
+	s := &silencer{Provider: tcp.New()}
+	t.Cleanup(s.close)
+	return s, r.hostOver(t, s, host)
+}
+
+func (r *targetRig) hostOver(t *testing.T, prov nprdma.Provider, host string) *initiator.Controller {
+	t.Helper()
+	dev := nprdma.NewDevice(prov, nprdma.WithName("host"), nprdma.WithPinning(false))
 	t.Cleanup(func() { dev.Close() })
-	c := r.connect(t, dev, subNQN, host, initiator.WithIOQueues(1), initiator.WithQueueDepth(16),
+	return r.connect(t, dev, subNQN, host, initiator.WithIOQueues(1), initiator.WithQueueDepth(16),
 		initiator.WithReconnectDelay(10*time.Millisecond))
-	return cut, c
 }
 
 // holdFirst holds the first operation of the kinds in ops that touches byte
@@ -153,14 +292,37 @@ var lostChanges = []lostChange{
 func TestLostWriteCannotOverwriteALaterOne(t *testing.T) {
 	for _, kind := range []fabricKind{loopFabric, tcpFabric} {
 		for _, old := range lostChanges {
-			t.Run(kind.name+"/"+old.name, func(t *testing.T) { testLostChange(t, kind, old) })
+			t.Run(kind.name+"/"+old.name, func(t *testing.T) {
+				r := lostQueueTarget(t, kind)
+				cut, c := r.cuttableHost(t, "a")
+				testLostChange(t, r, cut, c, old)
+			})
 		}
 	}
 }
 
-func testLostChange(t *testing.T, kind fabricKind, old lostChange) {
-	r := lostQueueTarget(t, kind)
-	cut, c := r.cuttableHost(t, "a")
+// TestSilentlyLostWriteCannotOverwriteALaterOne is the same with a link
+// that fails silently (tcp): the host gives up on it and reconnects while
+// the target still sees the old connection alive, so the target cannot
+// fence the old queue on its own. The host's Connect names the controller
+// it replaces and the target tears that down first. Without that ("block 7
+// reads back what the lost connection's write wrote") the retried write
+// and the later one went through at once and the old one landed last.
+func TestSilentlyLostWriteCannotOverwriteALaterOne(t *testing.T) {
+	for _, old := range lostChanges {
+		t.Run(old.name, func(t *testing.T) {
+			r := lostQueueTarget(t, tcpFabric)
+			cut, c := r.silenceableHost(t, "a")
+			cntlid := c.CNTLID()
+			testLostChange(t, r, cut, c, old)
+			if got := promtest.Sum(t, r.reg, "nprdma_target_controllers_replaced_total"); got != 1 {
+				t.Fatalf("%v controllers replaced, want 1 (controller %d)", got, cntlid)
+			}
+		})
+	}
+}
+
+func testLostChange(t *testing.T, r *targetRig, cut interface{ Cut() }, c *initiator.Controller, old lostChange) {
 	n := openNamespace(t, c, 1)
 	const block = 7
 	off := int64(block * blockSize)
