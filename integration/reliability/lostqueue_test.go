@@ -23,79 +23,63 @@ import (
 	"github.com/nprdma/nprdma/target"
 )
 
-// cutter is a host provider whose connections a test can cut: Cut aborts
-// every link dialled so far, as a network failure resets them, while later
-// dials work, so the host reconnects.
+// cutter is a host provider whose connections a test can cut: Cut breaks
+// every link dialled so far, while later dials work, so the host
+// reconnects. By default the links are reset, as a network failure resets
+// them, and both sides see it. Silent links instead fail for the host only
+// (its queue pairs go down at once) while the target sees nothing: the
+// connection stays open and whatever either side sends is dropped, as when
+// a network path dies without a reset; the target notices only at its own
+// timeouts. Silent links hide the provider's optional interfaces (no direct
+// completion).
 type cutter struct {
 	nprdma.Provider
-	mu    sync.Mutex
-	links []nprdma.Link
+	silent bool
+	mu     sync.Mutex
+	links  []nprdma.Link
 }
 
 func (c *cutter) Dial(ctx context.Context, addr string, hello nprdma.Hello) (nprdma.Link, nprdma.Hello, error) {
 	l, h, err := c.Provider.Dial(ctx, addr, hello)
-	if err == nil {
-		c.mu.Lock()
-		c.links = append(c.links, l)
-		c.mu.Unlock()
+	if err != nil {
+		return nil, h, err
 	}
-	return l, h, err
+	if c.silent {
+		l = &silentLink{Link: l}
+	}
+	c.mu.Lock()
+	c.links = append(c.links, l)
+	c.mu.Unlock()
+	return l, h, nil
 }
 
-// Cut resets every connection of the host.
+// Cut breaks every connection of the host.
 func (c *cutter) Cut() {
+	c.mu.Lock()
+	links := c.links
+	if !c.silent {
+		c.links = nil
+	}
+	c.mu.Unlock()
+	for _, l := range links {
+		if sl, ok := l.(*silentLink); ok {
+			sl.silence()
+		} else {
+			l.Abort()
+		}
+	}
+}
+
+// close aborts silent links for real (the test's end).
+func (c *cutter) close() {
 	c.mu.Lock()
 	links := c.links
 	c.links = nil
 	c.mu.Unlock()
 	for _, l := range links {
-		l.Abort()
-	}
-}
-
-// silencer is a host provider whose connections a test can silence: Cut
-// makes every link dialled so far fail for the host at once (its queue
-// pairs go down, it reconnects) while the target sees nothing: the
-// connection stays open and whatever either side sends is dropped, as when
-// a network path dies without a reset. The target notices only at its own
-// timeouts. Links hide the provider's optional interfaces (no direct
-// completion).
-type silencer struct {
-	nprdma.Provider
-	mu    sync.Mutex
-	links []*silentLink
-}
-
-func (s *silencer) Dial(ctx context.Context, addr string, hello nprdma.Hello) (nprdma.Link, nprdma.Hello, error) {
-	l, h, err := s.Provider.Dial(ctx, addr, hello)
-	if err != nil {
-		return nil, h, err
-	}
-	sl := &silentLink{Link: l}
-	s.mu.Lock()
-	s.links = append(s.links, sl)
-	s.mu.Unlock()
-	return sl, h, nil
-}
-
-// Cut silences every connection of the host.
-func (s *silencer) Cut() {
-	s.mu.Lock()
-	links := s.links
-	s.mu.Unlock()
-	for _, l := range links {
-		l.silence()
-	}
-}
-
-// close aborts the connections for real (the test's end).
-func (s *silencer) close() {
-	s.mu.Lock()
-	links := s.links
-	s.links = nil
-	s.mu.Unlock()
-	for _, l := range links {
-		l.Link.Abort()
+		if sl, ok := l.(*silentLink); ok {
+			sl.Link.Abort()
+		}
 	}
 }
 
@@ -213,30 +197,19 @@ func lostQueueTarget(t *testing.T, kind fabricKind, opts ...target.Option) *targ
 }
 
 // cuttableHost connects host to the rig's subsystem over a provider whose
-// connections the test can cut.
-func (r *targetRig) cuttableHost(t *testing.T, host string) (*cutter, *initiator.Controller) {
+// connections the test can cut (silently: see cutter).
+func (r *targetRig) cuttableHost(t *testing.T, host string, silent bool) (*cutter, *initiator.Controller) {
 	t.Helper()
-	cut := &cutter{Provider: tcp.New()}
+	cut := &cutter{Provider: tcp.New(), silent: silent}
 	if r.kind.loop {
 		cut.Provider = loop.New(loop.WithFabric(r.lf))
 	}
-	return cut, r.hostOver(t, cut, host)
-}
-
-// silenceableHost connects host over tcp through a silencer.
-func (r *targetRig) silenceableHost(t *testing.T, host string) (*silencer, *initiator.Controller) {
-	t.Helper()
-	s := &silencer{Provider: tcp.New()}
-	t.Cleanup(s.close)
-	return s, r.hostOver(t, s, host)
-}
-
-func (r *targetRig) hostOver(t *testing.T, prov nprdma.Provider, host string) *initiator.Controller {
-	t.Helper()
-	dev := nprdma.NewDevice(prov, nprdma.WithName("host"), nprdma.WithPinning(false))
+	t.Cleanup(cut.close)
+	dev := nprdma.NewDevice(cut, nprdma.WithName("host"), nprdma.WithPinning(false))
 	t.Cleanup(func() { dev.Close() })
-	return r.connect(t, dev, subNQN, host, initiator.WithIOQueues(1), initiator.WithQueueDepth(16),
+	c := r.connect(t, dev, subNQN, host, initiator.WithIOQueues(1), initiator.WithQueueDepth(16),
 		initiator.WithReconnectDelay(10*time.Millisecond))
+	return cut, c
 }
 
 // holdFirst holds the first operation of the kinds in ops that touches byte
@@ -294,7 +267,7 @@ func TestLostWriteCannotOverwriteALaterOne(t *testing.T) {
 		for _, old := range lostChanges {
 			t.Run(kind.name+"/"+old.name, func(t *testing.T) {
 				r := lostQueueTarget(t, kind)
-				cut, c := r.cuttableHost(t, "a")
+				cut, c := r.cuttableHost(t, "a", false)
 				testLostChange(t, r, cut, c, old)
 			})
 		}
@@ -312,7 +285,7 @@ func TestSilentlyLostWriteCannotOverwriteALaterOne(t *testing.T) {
 	for _, old := range lostChanges {
 		t.Run(old.name, func(t *testing.T) {
 			r := lostQueueTarget(t, tcpFabric)
-			cut, c := r.silenceableHost(t, "a")
+			cut, c := r.cuttableHost(t, "a", true)
 			cntlid := c.CNTLID()
 			testLostChange(t, r, cut, c, old)
 			if got := promtest.Sum(t, r.reg, "nprdma_target_controllers_replaced_total"); got != 1 {
@@ -322,7 +295,7 @@ func TestSilentlyLostWriteCannotOverwriteALaterOne(t *testing.T) {
 	}
 }
 
-func testLostChange(t *testing.T, r *targetRig, cut interface{ Cut() }, c *initiator.Controller, old lostChange) {
+func testLostChange(t *testing.T, r *targetRig, cut *cutter, c *initiator.Controller, old lostChange) {
 	n := openNamespace(t, c, 1)
 	const block = 7
 	off := int64(block * blockSize)
@@ -425,7 +398,7 @@ func TestWedgedLostWriteIsBounded(t *testing.T) {
 	const fenceTimeout = 300 * time.Millisecond
 	r := lostQueueTarget(t, loopFabric, target.WithFenceTimeout(fenceTimeout),
 		target.WithLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))))
-	cut, c := r.cuttableHost(t, "a")
+	cut, c := r.cuttableHost(t, "a", false)
 	n1, n2 := openNamespace(t, c, 1), openNamespace(t, c, 2)
 	devB, _ := r.hostDevice(t)
 	b1 := openNamespace(t, r.connect(t, devB, subNQN, "b"), 1)
