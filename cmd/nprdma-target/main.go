@@ -53,7 +53,7 @@ func newApp() *cli.App {
 			&cli.IntFlag{Name: "gomaxprocs", Value: defaultGOMAXPROCS, Usage: "Go scheduler threads (GOMAXPROCS): the target blocks in backing-device reads (major faults) from goroutines, and each blocked goroutine holds one until the runtime hands it off; 0 keeps the runtime's default"},
 			&cli.IntFlag{Name: "queue-depth", Value: target.DefaultQueueDepth, Usage: "largest I/O queue a host may open (entries)"},
 			&cli.DurationFlag{Name: "max-keep-alive", Value: 0, Usage: "cap on the keep-alive timeout hosts ask for (0: 5m0s)"},
-			&cli.DurationFlag{Name: "busy-poll", Usage: "spin up to this long (e.g. 50us) for the next command on each queue before sleeping: saves a thread wake-up per command, costs a CPU while commands flow (0: off)"},
+			&cli.DurationFlag{Name: "busy-poll", Usage: "spin up to this long (e.g. 50us) for the next command on each queue before sleeping: saves a thread wake-up per command where an idle core is awake, costs a CPU while commands flow; on a small VM whose idle vCPUs halt it can cost latency instead (docs/nprdma.md §3) (0: off)"},
 			&cli.DurationFlag{Name: "fence-timeout", Value: target.DefaultFenceTimeout, Usage: "after a host's connection is lost, how long its new writes wait for an old write of the lost queue still changing the same blocks before failing with Namespace Not Ready (a status hosts retry)"},
 			&cli.DurationFlag{Name: "shutdown-timeout", Value: 0, Usage: "how long SIGTERM waits for commands in flight before closing anyway (0: 30s)"},
 		}, limitCLIFlags()...),
