@@ -190,6 +190,7 @@ type Controller struct {
 	closed   bool
 	bg       sync.WaitGroup
 	rr       atomic.Uint32
+	gens     atomic.Uint64 // session generations handed out
 	stopOnce sync.Once
 	stop     chan struct{}
 
@@ -203,6 +204,7 @@ type session struct {
 	admin    *fabric.HostQueue
 	io       []*fabric.HostQueue
 	cntlid   uint16
+	gen      uint64 // the controller's sessions in order of creation
 	ident    nvme.IdentifyController
 	maxXfer  int
 	failOnce sync.Once
@@ -408,7 +410,7 @@ func (c *Controller) connectAdmin(ctx context.Context, subNQN string, kato time.
 	if err != nil {
 		return nil, err
 	}
-	s := &session{c: c, admin: q, failed: make(chan struct{}), regions: map[uint32]*regionInfo{}}
+	s := &session{c: c, admin: q, gen: c.gens.Add(1), failed: make(chan struct{}), regions: map[uint32]*regionInfo{}}
 	data := c.connectData(subNQN, nvme.DynamicControllerID)
 	data.Replaces = replaces
 	if err := connectQueue(ctx, q, data, kato, &s.cntlid); err != nil {

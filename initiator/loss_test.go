@@ -223,51 +223,81 @@ func TestTargetRestartSettlesUnflushedChanges(t *testing.T) {
 // after the namespace has already recorded the target's next instance (its
 // session outlived the restart by a completion) is settled as the restart
 // settled the rest: lost after an unclean restart, flushed after a clean
-// one; never left unflushed for a Flush on the new target to "cover".
+// one; never counted as unflushed on the new process, so a Flush there
+// covers exactly what it covered. A check of an older session that comes
+// late changes nothing, and a completion in a newer session counts as usual.
 func TestLateCompletionAfterRestartIsSettled(t *testing.T) {
 	tracked := func(boot, unclean uint64) nvme.NPInstance {
 		return nvme.NPInstance{BootID: boot, UncleanStarts: unclean, Flags: nvme.NPInstanceTracked}
 	}
-	a, b, c := tracked(1, 0), tracked(2, 1), tracked(3, 1) // a → b: unclean; b → c: clean
+	// Sessions 1 (a), 2 (b: after an unclean stop), 3 (c: after a clean one).
+	a, b, c := tracked(1, 0), tracked(2, 1), tracked(3, 1)
 	var d durability
-	d.sawInstance(a)
-	if d.changed(4096, a) {
-		t.Fatal("a change acknowledged by the current instance counted as lost")
-	}
-	if _, mayHaveLost, u := d.sawInstance(b); !mayHaveLost || u != (Unflushed{1, 4096}) {
-		t.Fatalf("unclean restart settled %+v (may have lost %v), want 1 change of 4096 bytes lost", u, mayHaveLost)
-	}
-	if !d.changed(8192, a) {
-		t.Fatal("a late completion from before an unclean restart not counted as lost")
-	}
-	if d.lost != (Unflushed{2, 12288}) {
-		t.Fatalf("lost %+v, want 2 changes of 12288 bytes", d.lost)
-	}
 	unflushed := func() Unflushed {
 		return Unflushed{d.acked.Commands - d.flushed.Commands, d.acked.Bytes - d.flushed.Bytes}
 	}
-	if u := unflushed(); u != (Unflushed{}) {
-		t.Fatalf("unflushed %+v after the late completion, want none: it belongs to the lost instance", u)
+	d.sawInstance(1, a)
+	if d.changed(4096, 1, a) {
+		t.Fatal("a change acknowledged by the current instance counted as lost")
 	}
-	if _, mayHaveLost, _ := d.sawInstance(c); mayHaveLost {
+	if _, mayHaveLost, u := d.sawInstance(2, b); !mayHaveLost || u != (Unflushed{1, 4096}) {
+		t.Fatalf("unclean restart settled %+v (may have lost %v), want 1 change of 4096 bytes lost", u, mayHaveLost)
+	}
+	if !d.changed(8192, 1, a) {
+		t.Fatal("a late completion from before an unclean restart not counted as lost")
+	}
+	if d.lost != (Unflushed{2, 12288}) || unflushed() != (Unflushed{}) {
+		t.Fatalf("lost %+v unflushed %+v, want 2 changes of 12288 bytes lost and nothing unflushed", d.lost, unflushed())
+	}
+	// A check of session 1 that raced with the reconnect and comes last.
+	if restarted, _, _ := d.sawInstance(1, a); restarted || d.instance != b {
+		t.Fatalf("a stale session's check took the instance back to %+v", d.instance)
+	}
+
+	if _, mayHaveLost, _ := d.sawInstance(3, c); mayHaveLost {
 		t.Fatal("a clean restart said to have lost changes")
 	}
-	if d.changed(512, b) {
+	// Two writes on c, a Flush sent (its snapshot), then late completions
+	// from b (clean since) and a (unclean since), then the Flush succeeds:
+	// nothing is left unflushed.
+	d.changed(512, 3, c)
+	d.changed(512, 3, c)
+	upTo := d.snapshot()
+	if d.changed(512, 2, b) {
 		t.Fatal("a late completion from before a clean restart counted as lost")
 	}
-	if !d.changed(1024, a) {
+	if !d.changed(1024, 1, a) {
 		t.Fatal("a late completion from before an unclean restart two instances back not counted as lost")
 	}
+	d.covered(upTo)
 	if d.lost != (Unflushed{3, 13312}) || unflushed() != (Unflushed{}) {
 		t.Fatalf("lost %+v unflushed %+v, want 3 changes of 13312 bytes lost, nothing unflushed", d.lost, unflushed())
 	}
-	if d.changed(512, c) || unflushed() != (Unflushed{1, 512}) {
-		t.Fatalf("a change on the current instance: unflushed %+v, want 1 of 512 bytes", unflushed())
+	// Session 4 on the same process (a reconnect, no restart): its
+	// completion counts before its check, and session 3's late ones too.
+	d.changed(512, 4, c)
+	d.changed(512, 3, c)
+	if unflushed() != (Unflushed{2, 1024}) {
+		t.Fatalf("unflushed %+v, want 2 changes of 1024 bytes", unflushed())
 	}
 	// A target that reports no instance never makes a completion late.
 	var u durability
-	u.sawInstance(nvme.NPInstance{})
-	if u.changed(4096, a) || u.changed(4096, nvme.NPInstance{}) {
-		t.Fatal("a completion counted as lost although no instance was recorded")
+	u.sawInstance(1, nvme.NPInstance{})
+	u.sawInstance(2, nvme.NPInstance{})
+	if u.changed(4096, 1, a) || u.changed(4096, 1, nvme.NPInstance{}) || u.acked != (Unflushed{2, 8192}) {
+		t.Fatalf("no instance recorded: acked %+v lost %+v, want 2 changes acked and nothing lost", u.acked, u.lost)
+	}
+}
+
+// A namespace check that raced with a reconnect and ends after a check of
+// the newer session does not take the record back to the older session.
+func TestVerifiedSessionNeverGoesBack(t *testing.T) {
+	var n Namespace
+	s1, s2 := &session{gen: 1}, &session{gen: 2}
+	n.storeVerified(s1)
+	n.storeVerified(s2)
+	n.storeVerified(s1)
+	if n.verified.Load() != s2 {
+		t.Fatalf("verified session of generation %d, want 2", n.verified.Load().gen)
 	}
 }

@@ -56,29 +56,30 @@ type durability struct {
 	flushed  Unflushed // the acked snapshot of the latest successful Flush
 	lost     Unflushed // cumulative: unflushed when the target restarted uncleanly
 	instance nvme.NPInstance
+	gen      uint64 // the generation of the session instance was seen in
 }
 
-// changed counts a change acknowledged by target instance by (the
-// instance of the session it completed on). A completion processed after
-// a later instance was recorded comes from a target that has restarted
-// since: the restart's settlement has passed it by, so it is settled here
-// the same way — flushed by a clean shutdown, or lost (returned true).
-func (d *durability) changed(bytes int64, by nvme.NPInstance) (lost bool) {
+// changed counts a change acknowledged in the session of generation gen,
+// by target instance by. A completion processed after a later session's
+// instance was recorded, from a target process that has restarted since,
+// was passed by that restart's settlement: it is settled here the same
+// way, not counted as unflushed on the new process — lost if the restart
+// may have lost it (returned true), else flushed by the clean shutdown.
+func (d *durability) changed(bytes int64, gen uint64, by nvme.NPInstance) (lost bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if gen < d.gen {
+		if restarted, mayHaveLost := d.instance.RestartedSince(by); restarted {
+			if mayHaveLost {
+				d.lost.Commands++
+				d.lost.Bytes += bytes
+			}
+			return mayHaveLost
+		}
+	}
 	d.acked.Commands++
 	d.acked.Bytes += bytes
-	restarted, mayHaveLost := d.instance.RestartedSince(by)
-	if !restarted {
-		return false
-	}
-	d.flushed.Commands++ // not unflushed on the new instance
-	d.flushed.Bytes += bytes
-	if mayHaveLost {
-		d.lost.Commands++
-		d.lost.Bytes += bytes
-	}
-	return mayHaveLost
+	return false
 }
 
 func (d *durability) snapshot() Unflushed {
@@ -95,12 +96,18 @@ func (d *durability) covered(upTo Unflushed) {
 	d.mu.Unlock()
 }
 
-// sawInstance records the target instance of a new session. If the target
-// restarted since the last one, what was unflushed stops being so: kept by
-// a clean shutdown, or counted lost and returned.
-func (d *durability) sawInstance(now nvme.NPInstance) (restarted, mayHaveLost bool, unflushed Unflushed) {
+// sawInstance records the target instance of a new session, of generation
+// gen. If the target restarted since the last one, what was unflushed stops
+// being so: kept by a clean shutdown, or counted lost and returned. A
+// session older than the last one recorded (a check that raced with a
+// reconnect) changes nothing.
+func (d *durability) sawInstance(gen uint64, now nvme.NPInstance) (restarted, mayHaveLost bool, unflushed Unflushed) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if gen < d.gen {
+		return false, false, Unflushed{}
+	}
+	d.gen = gen
 	restarted, mayHaveLost = now.RestartedSince(d.instance)
 	if now.BootID != 0 {
 		d.instance = now
@@ -147,7 +154,7 @@ func (n *Namespace) LossReported() <-chan struct{} { return n.lossReported }
 // the namespace last saw, and says what a restart did to the unflushed
 // changes.
 func (n *Namespace) noteInstance(s *session) {
-	restarted, mayHaveLost, u := n.durability.sawInstance(s.ident.NP)
+	restarted, mayHaveLost, u := n.durability.sawInstance(s.gen, s.ident.NP)
 	switch {
 	case !restarted:
 	case mayHaveLost && u.Commands > 0:
@@ -170,7 +177,7 @@ func (n *Namespace) reportLoss() {
 // acknowledged counts a write, trim or write-zeroes that session s
 // completed (see durability.changed).
 func (n *Namespace) acknowledged(s *session, bytes int64) {
-	if !n.durability.changed(bytes, s.ident.NP) {
+	if !n.durability.changed(bytes, s.gen, s.ident.NP) {
 		return
 	}
 	n.reportLoss()
@@ -189,7 +196,7 @@ func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, er
 			return err
 		}
 		n.blocks, n.nguid = id.NSZE, id.NGUID
-		n.durability.sawInstance(s.ident.NP)
+		n.durability.sawInstance(s.gen, s.ident.NP)
 		n.verified.Store(s)
 		ids := make([]byte, nvme.IdentifySize)
 		if _, err := s.admin.Submit(ctx, nvme.IdentifyCommand(nvme.CNSNamespaceDescriptors, nsid, nvme.NullSGL()), ids); err == nil {
@@ -273,8 +280,23 @@ func (n *Namespace) verify(ctx context.Context, s *session) error {
 		return err
 	}
 	n.noteInstance(s)
-	n.verified.Store(s)
+	n.storeVerified(s)
 	return nil
+}
+
+// storeVerified records s as the session the namespace was last checked
+// in, unless a later one is already: a check that raced with a reconnect
+// must not take the record back.
+func (n *Namespace) storeVerified(s *session) {
+	for {
+		cur := n.verified.Load()
+		if cur != nil && cur.gen > s.gen {
+			return
+		}
+		if n.verified.CompareAndSwap(cur, s) {
+			return
+		}
+	}
 }
 
 // namespaceChange is why and since when a namespace fails for good.

@@ -448,9 +448,15 @@ func TestConnectReplacesTheHostsOwnController(t *testing.T) {
 	if got := promtest.Sum(t, r.reg, "nprdma_target_controllers_replaced_total"); got != 1 {
 		t.Fatalf("%v controllers replaced, want 1", got)
 	}
-	// Torn down before the replacement's Connect completed.
-	if _, err := q1.Submit(ctx, nvme.KeepAliveCommand(), nil); err == nil {
-		t.Fatal("the replaced controller still serves")
+	// Stopped and fenced before the replacement's Connect completed; its
+	// queues close right after.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, err := q1.Submit(ctx, nvme.KeepAliveCommand(), nil); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replaced controller still serves after 10 s")
+		}
 	}
 	cc := nvme.CC{EN: true, IOSQES: 6, IOCQES: 4}
 	if _, err := q2.Submit(ctx, mc(t)(nvme.PropertySetCommand(nvme.PropCC, 4, uint64(cc.Encode()))), nil); err != nil {

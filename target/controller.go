@@ -343,7 +343,7 @@ func (qc *queueConn) connectIO(p nvme.ConnectParams, d nvme.ConnectData, sub *Su
 	return result{dw0: nvme.ConnectResponse{CNTLID: c.id}.DW0()}
 }
 
-// replace tears down the controller ref names if the host of c gave it up
+// replace stops the controller ref names if the host of c gave it up
 // (nvme.NPControllerRef): a controller of the same subsystem, host NQN and
 // host ID, with that token. Its queues are fenced before c serves
 // anything, even when their links still look alive here (a silent link:
@@ -360,12 +360,22 @@ func (t *Target) replace(c *controller, ref nvme.NPControllerRef) {
 	if old == nil || old == c || old.sub != c.sub || old.hostNQN != c.hostNQN || old.hostID != c.hostID || old.token != ref.Token {
 		return // gone already, or not the host's to give up
 	}
+	finish := old.stop()
+	if finish == nil {
+		return // torn down meanwhile
+	}
 	if t.met != nil {
 		t.met.replaced.Inc()
 	}
 	t.log.Warn("target: controller replaced by its host before its failure was seen here; tearing it down",
 		"cntlid", old.id, "by", c.id, "subsystem", c.subNQN(), "host", c.hostNQN)
-	old.teardown(fmt.Sprintf("replaced by controller %d of its host", c.id))
+	// Stopped and fenced now; closing its queues waits for their receive
+	// loops, which a silent link can hold up: not the new Connect's wait.
+	t.retiring.Add(1)
+	go func() {
+		defer t.retiring.Done()
+		finish(fmt.Sprintf("replaced by controller %d of its host", c.id))
+	}()
 }
 
 // armKeepAliveLocked (re)starts the keep-alive timer.
@@ -387,14 +397,24 @@ func (c *controller) keepAliveExpired() {
 	c.teardown(fmt.Sprintf("keep-alive timeout (%v) expired", c.kato))
 }
 
-// teardown ends the controller: its queues are closed first (so no queue
-// pair can use its rkeys any more), then its region registrations are
-// revoked. The memory stays mapped: it is the namespace's.
+// teardown ends the controller: stop, then the rest of it.
 func (c *controller) teardown(why string) {
+	if finish := c.stop(); finish != nil {
+		finish(why)
+	}
+}
+
+// stop ends the controller's service at once and returns the rest of its
+// teardown, or nil if it was stopped already. Now: it is marked gone (no
+// queue connects to it any more), its queues are fenced, its keep-alive
+// stopped. The rest closes its queues (so no queue pair can use its rkeys
+// any more; closing waits for their receive loops), then revokes its region
+// registrations. The memory stays mapped: it is the namespace's.
+func (c *controller) stop() (finish func(why string)) {
 	c.mu.Lock()
 	if c.gone {
 		c.mu.Unlock()
-		return
+		return nil
 	}
 	c.gone = true
 	if c.kaTimer != nil {
@@ -415,20 +435,22 @@ func (c *controller) teardown(why string) {
 	aers := c.aers
 	c.aers = nil
 	c.mu.Unlock()
-	for _, r := range aers {
-		r.Fail(nvme.Errorf(nvme.StatusAbortedSQDeleted, "controller %d torn down", c.id))
+	return func(why string) {
+		for _, r := range aers {
+			r.Fail(nvme.Errorf(nvme.StatusAbortedSQDeleted, "controller %d torn down", c.id))
+		}
+		for _, q := range qs {
+			q.q.Close()
+		}
+		for _, mr := range mrs {
+			mr.Deregister()
+		}
+		if c.host != nil {
+			c.host.release()
+		}
+		c.t.removeController(c)
+		c.t.log.Info("target: controller torn down", "cntlid", c.id, "subsystem", c.subNQN(), "host", c.hostNQN, "why", why)
 	}
-	for _, q := range qs {
-		q.q.Close()
-	}
-	for _, mr := range mrs {
-		mr.Deregister()
-	}
-	if c.host != nil {
-		c.host.release()
-	}
-	c.t.removeController(c)
-	c.t.log.Info("target: controller torn down", "cntlid", c.id, "subsystem", c.subNQN(), "host", c.hostNQN, "why", why)
 }
 
 func (c *controller) dropIOQueue(qc *queueConn) {

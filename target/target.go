@@ -170,6 +170,7 @@ type Target struct {
 	closed    bool
 	acceptCtx context.CancelFunc
 	acceptWG  sync.WaitGroup
+	retiring  sync.WaitGroup // replaced controllers finishing their teardown
 
 	draining atomic.Bool
 	drainMu  sync.RWMutex   // orders draining against inflight.Add (handle)
@@ -498,6 +499,7 @@ func (t *Target) close() error {
 	for _, qc := range qs {
 		qc.q.Wait()
 	}
+	t.retiring.Wait()
 	var errs []error
 	for _, s := range t.Subsystems() {
 		for _, ns := range s.Namespaces() {

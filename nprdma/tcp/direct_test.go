@@ -531,3 +531,74 @@ func TestSocketReceiveBuffer(t *testing.T) {
 		t.Errorf("WithSocketReceiveBuffer(0): SO_RCVBUF %d, the fixed default; want the kernel's own", got)
 	}
 }
+
+// A peer that stops in the middle of a frame while a waiter receives for
+// itself: the waiter's context ends mid-frame, it waits for the rest of the
+// frame for the stalled frame timeout only, then the link fails (the peer
+// is taken for dead) and the queue pair goes down. Before, the waiter
+// finished the frame with no bound and stayed in the read for ever (and a
+// queue closing behind it with it).
+func TestPeerStopsMidFrame(t *testing.T) {
+	p := newDirectPair(t, nil, []Option{WithDirectCompletion(time.Hour), WithStalledFrameTimeout(300 * time.Millisecond)})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	recv := nprdma.RecvWR{SG: []nprdma.SGE{p.rmr.SGE(0, 65536)}}
+	p.srv.PostRecv(recv, recv)
+	// SENDs until one is received by the server's waiter: from then on it
+	// drives.
+	sl := onlyLink(t, p.srvProv)
+	wcs := make([]nprdma.WC, 1)
+	for sl.rcv.drives.Load() == 0 {
+		if err := p.cli.PostSend(nprdma.SendWR{Op: nprdma.OpSend, SG: []nprdma.SGE{p.lmr.SGE(0, 64)}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.srvRCQ.Wait(ctx, wcs); err != nil || wcs[0].Status != nprdma.StatusSuccess {
+			t.Fatalf("receive: %v %+v", err, wcs[0])
+		}
+		p.srv.PostRecv(recv)
+	}
+	// The client's next write goes out only in part (its SEND header and
+	// the start of its 64 KiB payload), then the client writes nothing more.
+	cl := onlyLink(t, p.cliProv)
+	cl.wmu.Lock()
+	if cl.busy {
+		cl.wmu.Unlock()
+		t.Fatal("the client is writing")
+	}
+	cl.writeFn = func(fd uintptr) bool {
+		b := cl.w.b
+		var out []byte
+		for _, sg := range b.segs {
+			d := sg.data
+			if d == nil {
+				d = b.hdr[sg.off : sg.off+sg.n]
+			}
+			out = append(out, d...)
+		}
+		unix.Write(int(fd), out[:len(out)/4])
+		cl.w.done = true // as if all of it went
+		return true
+	}
+	cl.wmu.Unlock()
+	if err := p.cli.PostSend(nprdma.SendWR{Op: nprdma.OpSend, SG: []nprdma.SGE{p.lmr.SGE(0, 65536)}}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for {
+		short, stop := context.WithTimeout(ctx, 50*time.Millisecond)
+		_, err := p.srvRCQ.Wait(short, wcs)
+		stop()
+		select {
+		case <-p.srv.Done():
+			if !errors.Is(p.srv.Err(), nprdma.ErrPeerLost) || !strings.Contains(p.srv.Err().Error(), "middle of a frame") {
+				t.Fatalf("queue pair error %v, want the peer lost in the middle of a frame", p.srv.Err())
+			}
+			t.Logf("the link failed %v after the partial frame", time.Since(start).Round(time.Millisecond))
+			return
+		default:
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("30 s after a partial frame the queue pair is still up (last wait: %v)", err)
+		}
+	}
+}

@@ -119,7 +119,7 @@ func newLink(p *Provider, nc *net.TCPConn, rd *reader) (*link, error) {
 	l := &link{prov: p, nc: nc, rc: rc, rd: rd, iov: make([]unix.Iovec, 0, 64), abortCh: make(chan struct{}), pend: new(wbatch), spare: new(wbatch)}
 	l.writeFn = l.writeSocket
 	l.rcv.wake = make(chan struct{}, 1)
-	l.cr = &connReader{nc: nc, rx: &l.rcv}
+	l.cr = &connReader{nc: nc, rx: &l.rcv, stalled: p.stalledFrame}
 	l.cr.sp.rc, l.cr.sp.fn = rc, l.cr.sp.read
 	rd.src = l.cr
 	if !p.addLink(l) {

@@ -78,6 +78,11 @@ type connReader struct {
 	nc *net.TCPConn
 	rx *rxState
 	sp spinRead
+	// stalled bounds the rest of a frame after an interruption; finishing:
+	// the driver's interrupted frame is being finished under that bound
+	// (until the driver stops, at the frame's end).
+	stalled   time.Duration
+	finishing bool
 }
 
 // spinRead is the state of a spinning read, kept here so that the RawConn
@@ -108,9 +113,14 @@ func (c *connReader) Read(p []byte) (int, error) {
 		if c.rx.boundary {
 			return 0, errInterrupted
 		}
-		// In the middle of a frame: finish it first. The driver checks
-		// its context again at the next boundary.
-		c.nc.SetReadDeadline(time.Time{})
+		if c.finishing {
+			return 0, fmt.Errorf("%w: the peer sent nothing for %v in the middle of a frame", nprdma.ErrPeerLost, c.stalled)
+		}
+		// In the middle of a frame: finish it first, within the stalled
+		// frame timeout. The driver checks its context again at the next
+		// boundary (and the deadline goes when it stops: interrupter).
+		c.finishing = true
+		c.nc.SetReadDeadline(time.Now().Add(c.stalled))
 	}
 }
 
@@ -495,6 +505,7 @@ func (l *link) Drive(ctx context.Context, w nprdma.DriveWaiter) bool {
 	}
 	err := l.receive(&drive{ctx: ctx, w: w})
 	sp.until, sp.ctx = 0, nil
+	l.cr.finishing = false // a driver interrupted mid-frame stops once it is finished
 	if watched {
 		l.intr.disarm(l)
 	}

@@ -27,6 +27,9 @@ type Provider struct {
 	// socketReceiveBuffer is each connection's SO_RCVBUF (0: the kernel's
 	// autotuning).
 	socketReceiveBuffer int
+	// stalledFrame bounds how long an interrupted driver waits for the rest
+	// of a frame (WithStalledFrameTimeout).
+	stalledFrame time.Duration
 
 	mu        sync.Mutex
 	links     map[*link]struct{}
@@ -83,6 +86,25 @@ func WithDirectCompletion(linger time.Duration) Option {
 	return func(p *Provider) { p.linger = max(linger, 0) }
 }
 
+// DefaultStalledFrameTimeout is how long a receiver that was interrupted in
+// the middle of a frame waits for the rest of it (WithStalledFrameTimeout).
+const DefaultStalledFrameTimeout = 10 * time.Second
+
+// WithStalledFrameTimeout sets how long a goroutine receiving for itself
+// (direct completion) whose context ended in the middle of a frame waits
+// for the rest of that frame; it cannot stop halfway without losing the
+// stream. A peer that sends nothing more for that long is taken for dead
+// and the link fails; without a bound, a peer that stopped halfway through
+// a frame would hold that goroutine — and a queue closing behind it — for
+// ever. Default DefaultStalledFrameTimeout.
+func WithStalledFrameTimeout(d time.Duration) Option {
+	return func(p *Provider) {
+		if d > 0 {
+			p.stalledFrame = d
+		}
+	}
+}
+
 // New returns a tcp provider.
 func New(opts ...Option) *Provider {
 	p := &Provider{
@@ -90,6 +112,7 @@ func New(opts ...Option) *Provider {
 		readBuffer:          64 << 10,
 		linger:              DefaultDirectLinger,
 		socketReceiveBuffer: DefaultSocketReceiveBuffer,
+		stalledFrame:        DefaultStalledFrameTimeout,
 		links:               map[*link]struct{}{},
 		listeners:           map[*listener]struct{}{},
 	}
