@@ -156,7 +156,7 @@ func (sp *spinRead) read(fd uintptr) bool {
 		case err == unix.EINTR:
 			continue
 		case err != unix.EAGAIN:
-			sp.err, sp.got = err, true
+			sp.err, sp.got = os.NewSyscallError("read", err), true
 			return true
 		}
 		if i%32 == 0 && (nanotime() > sp.until || sp.ctx.Err() != nil) {
