@@ -22,7 +22,7 @@ type gatePager struct {
 	once    atomic.Bool
 }
 
-func (g *gatePager) ReadBegin(i int) (uint64, bool) {
+func (g *gatePager) ReadBegin(i int) (uint64, bool, bool) {
 	if g.once.CompareAndSwap(false, true) {
 		close(g.entered)
 		<-g.gate

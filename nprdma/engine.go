@@ -106,8 +106,8 @@ func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
 			page := pos / ps
 			pe := min((page+1)*ps, chunkEnd)
 			good := false
-			if v, ok := pager.ReadBegin(page); ok {
-				copy(stg.b[pos-base:pe-base], mr.buf[pos:pe])
+			if v, zero, ok := pager.ReadBegin(page); ok {
+				copyOrClear(stg.b[pos-base:pe-base], mr.buf[pos:pe], zero)
 				good = pager.ReadEnd(page, v)
 			}
 			if !good {
@@ -241,8 +241,8 @@ func (s *unpinnedSource) copyPage(dst []byte, at int) {
 	page := at / mr.pageSize
 	good := false
 	if s.serving > 0 {
-		if v, ok := mr.pager.ReadBegin(page); ok {
-			copy(dst, mr.buf[at:at+len(dst)])
+		if v, zero, ok := mr.pager.ReadBegin(page); ok {
+			copyOrClear(dst, mr.buf[at:at+len(dst)], zero)
 			good = mr.pager.ReadEnd(page, v)
 		}
 	}
@@ -274,6 +274,17 @@ func (s *unpinnedSource) Release() {
 	spill := s.spill
 	*s = unpinnedSource{spill: spill}
 	sourcePool.Put(s)
+}
+
+// copyOrClear copies a page part, or writes zeros where the pager said the
+// page holds only zeros: its memory is then not read at all (on a virtual
+// machine the first touch of a newly mapped page can cost microseconds).
+func copyOrClear(dst, src []byte, zero bool) {
+	if zero {
+		clear(dst)
+		return
+	}
+	copy(dst, src)
 }
 
 // fillPhase fills dst with pattern's bytes starting at phase j: dst[i] is

@@ -45,9 +45,11 @@ type benchPager struct {
 	words []uint64
 }
 
-func (p *benchPager) Bytes() []byte                  { return p.mem }
-func (p *benchPager) PageSize() int                  { return 4096 }
-func (p *benchPager) ReadBegin(i int) (uint64, bool) { return p.words[i], p.words[i]&1 != 0 }
+func (p *benchPager) Bytes() []byte { return p.mem }
+func (p *benchPager) PageSize() int { return 4096 }
+func (p *benchPager) ReadBegin(i int) (uint64, bool, bool) {
+	return p.words[i], false, p.words[i]&1 != 0
+}
 func (p *benchPager) ReadEnd(i int, seq uint64) bool { return p.words[i] == seq }
 func (p *benchPager) Advise(off, length int64) error { return nil }
 

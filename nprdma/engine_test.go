@@ -19,13 +19,13 @@ type countingPager struct {
 
 func (p *countingPager) Bytes() []byte { return p.mem }
 func (p *countingPager) PageSize() int { return 4096 }
-func (p *countingPager) ReadBegin(i int) (uint64, bool) {
+func (p *countingPager) ReadBegin(i int) (uint64, bool, bool) {
 	p.begins++
 	if p.absent[i] {
-		return 0, false
+		return 0, false, false
 	}
 	p.inFlight++
-	return p.version[i], true
+	return p.version[i], false, true
 }
 func (p *countingPager) ReadEnd(i int, seq uint64) bool {
 	p.inFlight--

@@ -6,9 +6,9 @@ package nprdma
 //
 // The NIC engine reads a page with a seqlock that never blocks:
 //
-//	seq, ok := p.ReadBegin(i)
+//	seq, zero, ok := p.ReadBegin(i)
 //	if !ok { send the magic page }
-//	copy page i out of p.Bytes()
+//	copy page i out of p.Bytes() (zeros without reading it if zero)
 //	if !p.ReadEnd(i, seq) { send the magic page instead }
 //
 // ReadBegin succeeds only for a page that is resident and not being changed,
@@ -22,8 +22,10 @@ type Pager interface {
 	// PageSize is the granularity of ReadBegin/ReadEnd (4096).
 	PageSize() int
 	// ReadBegin starts a NIC read of page i; ok is false when the page is
-	// absent or busy. It never blocks and never faults.
-	ReadBegin(page int) (seq uint64, ok bool)
+	// absent or busy. zero reports that the page holds only zeros, so the
+	// engine writes zeros instead of reading its memory. It never blocks and
+	// never faults.
+	ReadBegin(page int) (seq uint64, zero, ok bool)
 	// ReadEnd ends the read begun with seq and reports whether the copy is a
 	// consistent snapshot of one version of the page.
 	ReadEnd(page int, seq uint64) bool

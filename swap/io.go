@@ -47,7 +47,7 @@ func (r *Region) readPage(page, in int, dst []byte, ahead int) error {
 			if !atomic.CompareAndSwapUint64(w, s, (s+readerOne)|StateReferenced) {
 				continue
 			}
-			copy(dst, src)
+			copyPagePart(dst, src, s)
 			after := atomic.AddUint64(w, readerDec)
 			if StateVersion(after) != StateVersion(s) {
 				continue
@@ -76,7 +76,7 @@ func (r *Region) readPage(page, in int, dst []byte, ahead int) error {
 			// not trusted and the loop starts over.
 			s = atomic.LoadUint64(w)
 			if s&StateBusy == 0 {
-				copy(dst, src)
+				copyPagePart(dst, src, s)
 			}
 			after := atomic.AddUint64(w, readerDec)
 			if s&StateBusy == 0 && StateVersion(after) == StateVersion(s) {
@@ -84,6 +84,18 @@ func (r *Region) readPage(page, in int, dst []byte, ahead int) error {
 			}
 		}
 	}
+}
+
+// copyPagePart copies a resident page's bytes, read under a reader reference
+// whose state word was s. A zero page is not read: its content is known, and
+// on a virtual machine the first touch of a newly mapped page can cost more
+// than the fault that mapped it (docs/swap.md, "Zero pages").
+func copyPagePart(dst, src []byte, s uint64) {
+	if s&StateZero != 0 {
+		clear(dst)
+		return
+	}
+	copy(dst, src)
 }
 
 // WriteAt copies p into the region at off. The write is volatile (the region
@@ -384,20 +396,21 @@ func (r *Region) adviser() {
 
 // ReadBegin starts a NIC read of page (nprdma.Pager): it succeeds only if the
 // page is present and not busy, takes a reader reference that keeps it
-// resident, and returns the version as the sequence for ReadEnd. It never
-// blocks and never faults.
-func (r *Region) ReadBegin(page int) (seq uint64, ok bool) {
+// resident, and returns the version as the sequence for ReadEnd, and whether
+// the page is a zero page (its content need not be read). It never blocks and
+// never faults.
+func (r *Region) ReadBegin(page int) (seq uint64, zero, ok bool) {
 	if page < 0 || page >= r.npages {
-		return 0, false
+		return 0, false, false
 	}
 	w := &r.states[page]
 	for {
 		s := atomic.LoadUint64(w)
 		if s&StatePresent == 0 || s&StateBusy != 0 || StateReaders(s) == maxReaders {
-			return 0, false
+			return 0, false, false
 		}
 		if atomic.CompareAndSwapUint64(w, s, (s+readerOne)|StateReferenced) {
-			return StateVersion(s), true
+			return StateVersion(s), s&StateZero != 0, true
 		}
 	}
 }

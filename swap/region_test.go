@@ -232,6 +232,49 @@ func TestTrimAndWriteZeroes(t *testing.T) {
 	}
 }
 
+// A resident zero page is served without reading its memory: ReadAt and
+// ReadBegin's zero flag (the NIC engine's) rely on the zero state, so the
+// state must be cleared by every write and set again by a trim. The test
+// proves the memory is not read by scribbling on it through the raw view,
+// which a real user must not do.
+func TestZeroPagesAreServedWithoutReadingThem(t *testing.T) {
+	r, _ := newRegion(t, 8*PageSize, WithBudget(8*PageSize))
+	expectBytes(t, "hole page", mustRead(t, r, PageSize, 2*PageSize), make([]byte, PageSize))
+	seq, zero, ok := r.ReadBegin(2)
+	if !ok || !zero {
+		t.Fatalf("ReadBegin of a faulted-in hole page: ok %v, zero %v; want both", ok, zero)
+	}
+	if !r.ReadEnd(2, seq) {
+		t.Fatal("ReadEnd reported a change with no writer")
+	}
+	view := r.Bytes()[2*PageSize : 3*PageSize]
+	copy(view, "scribbled through the raw view")
+	expectBytes(t, "zero page after a raw-view scribble", mustRead(t, r, PageSize, 2*PageSize), make([]byte, PageSize))
+
+	// A partial write clears the zero state: the page is read again.
+	mustWrite(t, r, []byte("data"), 2*PageSize+100)
+	want := make([]byte, PageSize)
+	copy(want, "scribbled through the raw view")
+	copy(want[100:], "data")
+	expectBytes(t, "zero page after a write", mustRead(t, r, PageSize, 2*PageSize), want)
+	if _, zero, ok := r.ReadBegin(2); !ok || zero {
+		t.Fatalf("ReadBegin after a write: ok %v, zero %v; want ok, not zero", ok, zero)
+	} else {
+		r.ReadEnd(2, 0)
+	}
+
+	// A trim makes it a zero page again.
+	if err := r.Trim(2*PageSize, PageSize); err != nil {
+		t.Fatal(err)
+	}
+	expectBytes(t, "trimmed page", mustRead(t, r, PageSize, 2*PageSize), make([]byte, PageSize))
+	seq, zero, ok = r.ReadBegin(2)
+	if !ok || !zero {
+		t.Fatalf("ReadBegin of a trimmed page read back: ok %v, zero %v; want both", ok, zero)
+	}
+	r.ReadEnd(2, seq)
+}
+
 func TestWriteAtFUAIsDurableAtOnce(t *testing.T) {
 	const pages = 32
 	path := newBackingFile(t, pages*PageSize)
@@ -264,7 +307,7 @@ func TestOutOfRange(t *testing.T) {
 			t.Errorf("%s: %v, want ErrOutOfRange", name, err)
 		}
 	}
-	if _, ok := r.ReadBegin(r.NumPages()); ok {
+	if _, _, ok := r.ReadBegin(r.NumPages()); ok {
 		t.Error("ReadBegin past the end succeeded")
 	}
 }
@@ -281,13 +324,13 @@ func TestNewRejectsBadSizes(t *testing.T) {
 
 func TestReadBeginEnd(t *testing.T) {
 	r, _ := newRegion(t, 32*PageSize, WithBudget(32*PageSize))
-	if _, ok := r.ReadBegin(3); ok {
+	if _, _, ok := r.ReadBegin(3); ok {
 		t.Fatal("ReadBegin succeeded on an absent page")
 	}
 	mustWrite(t, r, pagePattern(3, 6), 3*PageSize)
-	seq, ok := r.ReadBegin(3)
-	if !ok {
-		t.Fatal("ReadBegin failed on a present page")
+	seq, zero, ok := r.ReadBegin(3)
+	if !ok || zero {
+		t.Fatalf("ReadBegin on a written page: ok %v, zero %v; want ok, not zero", ok, zero)
 	}
 	if got := StateReaders(atomic.LoadUint64(&r.States()[3])); got != 1 {
 		t.Fatalf("readers = %d, want 1", got)
@@ -298,14 +341,14 @@ func TestReadBeginEnd(t *testing.T) {
 	if !r.ReadEnd(3, seq) {
 		t.Fatal("ReadEnd reported a change with no writer")
 	}
-	seq, _ = r.ReadBegin(3)
+	seq, _, _ = r.ReadBegin(3)
 	mustWrite(t, r, []byte("changed"), 3*PageSize)
 	if r.ReadEnd(3, seq) {
 		t.Fatal("ReadEnd missed a write between ReadBegin and ReadEnd")
 	}
 	// A busy page refuses readers.
 	atomic.OrUint64(&r.States()[3], StateBusy)
-	if _, ok := r.ReadBegin(3); ok {
+	if _, _, ok := r.ReadBegin(3); ok {
 		t.Fatal("ReadBegin succeeded on a busy page")
 	}
 	atomic.AndUint64(&r.States()[3], ^StateBusy)

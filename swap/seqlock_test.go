@@ -60,12 +60,16 @@ func TestSeqlockReadersSeeWholeVersions(t *testing.T) {
 				}
 				p := rng.IntN(hot)
 				floor := completed[p].Load()
-				seq, ok := r.ReadBegin(p)
+				seq, zero, ok := r.ReadBegin(p)
 				if !ok {
 					refused.Add(1)
 					continue
 				}
-				copy(buf, r.Bytes()[p*PageSize:(p+1)*PageSize])
+				if zero {
+					clear(buf)
+				} else {
+					copy(buf, r.Bytes()[p*PageSize:(p+1)*PageSize])
+				}
 				if !r.ReadEnd(p, seq) {
 					retried.Add(1)
 					continue

@@ -43,14 +43,25 @@ func testUnpinned(t *testing.T, h Harness) {
 		one(t, cli.scq, id, nprdma.OpRead, nprdma.StatusSuccess)
 		return lbuf[:n]
 	}
+	// zeroPages are pages the pager says hold only zeros: a READ returns
+	// zeros for them whatever their memory holds (random bytes here), which
+	// shows the engine did not read it.
+	zeroPages := map[int]bool{}
+	setZero := func(p int) {
+		pg.SetState(p, nprdmatest.Zero)
+		zeroPages[p] = true
+	}
 	// expect is what a READ of [off, off+n) must return when the pages in
 	// magic cannot be read: the magic at the byte's phase in its page.
 	expect := func(off, n int, magic map[int]bool) []byte {
 		out := append([]byte(nil), pg.Bytes()[off:off+n]...)
 		for i := range out {
 			p := off + i
-			if magic[p/ps] {
+			switch {
+			case magic[p/ps]:
 				out[i] = byte(mr.Magic() >> (8 * ((p % ps) % 8)))
+			case zeroPages[p/ps]:
+				out[i] = 0
 			}
 		}
 		return out
@@ -86,9 +97,13 @@ func testUnpinned(t *testing.T, h Harness) {
 	pg.ChangeDuringCopy(7)
 	check("page changed during the copy", 7*ps, ps, map[int]bool{7: true}, []nprdma.PageRange{{Off: 0, Addr: addr(7 * ps), Len: ps}})
 	check("same page once stable", 7*ps, ps, nil, nil)
+	setZero(8)
+	check("zero page", 8*ps, ps, nil, nil)
+	sameBytes(t, "zero page", lbuf[:ps], make([]byte, ps))
 
 	// Unaligned start and end, two adjacent magic pages (merged into one
 	// range) and one more.
+	setZero(11)
 	pg.SetState(12, nprdmatest.Absent)
 	pg.SetState(13, nprdmatest.Busy)
 	pg.ChangeDuringCopy(15)
@@ -106,6 +121,9 @@ func testUnpinned(t *testing.T, h Harness) {
 	magic := map[int]bool{}
 	var want []nprdma.PageRange
 	for p := 24; p < 24+80; p++ {
+		if p%11 == 0 {
+			setZero(p)
+		}
 		if p%7 == 0 {
 			pg.SetState(p, nprdmatest.Absent)
 			magic[p] = true
@@ -130,6 +148,7 @@ func testUnpinned(t *testing.T, h Harness) {
 	// still come from one copy, all data or all magic, whatever the way the
 	// destination is split.
 	pg.ChangeDuringCopy(105)
+	setZero(106)
 	pg.SetState(107, nprdmatest.Absent)
 	off, n = 104*ps+500, 3*ps+1000            // pages 104..107
 	cuts := []int{0, ps + 700, 2*ps + 300, n} // inside pages 105 and 106

@@ -20,6 +20,9 @@ const (
 	Absent
 	// Busy: being changed; NIC reads get the magic page.
 	Busy
+	// Zero: present and known to hold only zeros; NIC reads get zeros
+	// without reading the page's memory (whatever a test wrote there).
+	Zero
 )
 
 // Page state word, like the swap layer's: present and busy bits, a version
@@ -27,6 +30,7 @@ const (
 const (
 	bitPresent = 1 << 0
 	bitBusy    = 1 << 1
+	bitZero    = 1 << 4
 	versionOne = 1 << 16
 )
 
@@ -77,14 +81,14 @@ func (p *Pager) Pages() int { return len(p.words) }
 func (p *Pager) Page(i int) []byte { return p.mem[i*p.pageSize : (i+1)*p.pageSize] }
 
 // ReadBegin implements nprdma.Pager.
-func (p *Pager) ReadBegin(i int) (uint64, bool) {
+func (p *Pager) ReadBegin(i int) (seq uint64, zero, ok bool) {
 	p.begins.Add(1)
 	w := p.words[i].Load()
 	if w&bitPresent == 0 || w&bitBusy != 0 {
-		return 0, false
+		return 0, false, false
 	}
 	p.inFlight.Add(1)
-	return w, true
+	return w, w&bitZero != 0, true
 }
 
 // ReadEnd implements nprdma.Pager.
@@ -115,6 +119,8 @@ func (p *Pager) SetState(i int, s PageState) {
 			w |= bitPresent
 		case Busy:
 			w |= bitPresent | bitBusy
+		case Zero:
+			w |= bitPresent | bitZero
 		}
 		if p.words[i].CompareAndSwap(old, w) {
 			return
