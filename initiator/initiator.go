@@ -726,11 +726,11 @@ func (c *Controller) current(ctx context.Context) (*session, error) {
 	}
 }
 
-// do runs fn on the live session; a transport failure fails the session
-// and fn runs again on the next one, on at most MaxCommandSessions
-// sessions. Only a transport failure is retried, once per new session: the
-// lost attempt may have been executed, which block commands tolerate (they
-// are idempotent); any other error, or ctx ending, is returned as is.
+// do runs fn on the live session; a failure a new session cures
+// (nextSessionCures) fails the session and fn runs again on the next one, on
+// at most MaxCommandSessions sessions, once per session: a lost attempt may
+// have been executed, which block commands tolerate (they are idempotent).
+// Any other error, or ctx ending, is returned as is.
 func (c *Controller) do(ctx context.Context, fn func(s *session) error) error {
 	for sessions := 1; ; sessions++ {
 		s, err := c.current(ctx)
@@ -738,7 +738,7 @@ func (c *Controller) do(ctx context.Context, fn func(s *session) error) error {
 			return err
 		}
 		err = fn(s)
-		if err == nil || !errors.Is(err, fabric.ErrQueueFailed) {
+		if err == nil || !nextSessionCures(err) {
 			return err
 		}
 		s.fail(err)
@@ -752,6 +752,19 @@ func (c *Controller) do(ctx context.Context, fn func(s *session) error) error {
 			return err
 		}
 	}
+}
+
+// nextSessionCures reports whether err means the command did not complete on
+// its session for a reason a new session cures: the queue failed under it (a
+// transport failure; the command may have run), or the target deleted the
+// queue without running it (Command Aborted due to SQ Deletion without Do Not
+// Retry: a controller being torn down, replaced by this host's reconnect, or
+// fenced after its connection failed — possibly before the host noticed).
+func nextSessionCures(err error) bool {
+	if errors.Is(err, fabric.ErrQueueFailed) {
+		return true
+	}
+	return errors.Is(err, nvme.StatusAbortedSQDeleted) && !nvme.StatusOf(err).DNR()
 }
 
 // checkNamespaces verifies every namespace against the new session s at

@@ -51,6 +51,42 @@ func TestCommandGivesUpAfterMaxSessions(t *testing.T) {
 	}
 }
 
+// TestSQDeletionIsRetriedOnTheNextSession: a command the target aborted
+// because it deleted the queue (a controller replaced or fenced while its
+// link still worked) did not run; it runs again on a new session. With Do
+// Not Retry it is returned as is.
+func TestSQDeletionIsRetriedOnTheNextSession(t *testing.T) {
+	r := newRig(t, kinds[0], targetSpec{allowAny: true})
+	c := r.connect(t, WithReconnectDelay(10*time.Millisecond))
+	n := namespace(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var seen []*session
+	err := c.do(ctx, func(s *session) error {
+		seen = append(seen, s)
+		if len(seen) == 1 {
+			return nvme.Errorf(nvme.StatusAbortedSQDeleted, "queue 1 of controller 1 failed: command not executed")
+		}
+		_, err := s.ioQueue(c).Submit(ctx, nvme.FlushCommand(n.NSID()), nil)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("command aborted by SQ deletion once: %v", err)
+	}
+	if len(seen) != 2 || seen[0] == seen[1] {
+		t.Fatalf("tried on %d sessions (distinct: %v), want 2", len(seen), len(seen) == 2 && seen[0] != seen[1])
+	}
+
+	tries := 0
+	err = c.do(ctx, func(s *session) error {
+		tries++
+		return nvme.Errorf(nvme.StatusAbortedSQDeleted.WithDNR(), "do not retry")
+	})
+	if !errors.Is(err, nvme.StatusAbortedSQDeleted) || tries != 1 {
+		t.Fatalf("SQ deletion with DNR: %v after %d tries, want it returned after 1", err, tries)
+	}
+}
+
 // TestUnflushedCountsWhatNoFlushCovered: writes without FUA, trims and
 // write-zeroes count until a Flush succeeds; FUA writes never do; a Flush
 // that fails (the controller lost) covers nothing.
