@@ -231,7 +231,10 @@ func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 // spin polls the queue for up to d: the goroutine delivering completions
 // runs on another P and needs to wake nobody when it pushes one. It stops
 // early at the bell: the link the waiter could not drive may be free now
-// (DriveWaiter.Wake).
+// (DriveWaiter.Wake). It yields its P now and then: the goroutine that will
+// deliver the completion is often runnable on this very P (the waiter's own
+// post made it so), and without the yield it would wait for another P to
+// steal it, or for the spin to end (loop READ 1.4 µs → 120 µs).
 func (cq *CQ) spin(ctx context.Context, wcs []WC, d time.Duration) int {
 	deadline := nanotime() + int64(d)
 	for i := 1; ; i++ {
@@ -249,6 +252,7 @@ func (cq *CQ) spin(ctx context.Context, wcs []WC, d time.Duration) int {
 				return 0
 			default:
 			}
+			runtime.Gosched()
 		}
 	}
 }

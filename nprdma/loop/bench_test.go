@@ -3,6 +3,7 @@ package loop_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
@@ -12,15 +13,16 @@ import (
 // benchRead measures 4 KiB READs at queue depth 1 over loop from a pinned
 // region or from an unpinned one with every page resident, the unpinned
 // ones followed by the requester's magic-page check as an NP requester
-// does: the no-fault NP read path against its pinned baseline.
-func benchRead(b *testing.B, unpinned bool) {
+// does: the no-fault NP read path against its pinned baseline. cqOpts
+// configure the requester's completion queue (busy polling).
+func benchRead(b *testing.B, unpinned bool, cqOpts ...nprdma.CQOption) {
 	ctx := context.Background()
 	prov := loop.New()
 	cli, srv := nprdma.NewDevice(prov, nprdma.WithPinning(false)), nprdma.NewDevice(prov, nprdma.WithPinning(false))
 	defer cli.Close()
 	defer srv.Close()
 	cpd, spd := cli.AllocPD(), srv.AllocPD()
-	cq := cli.NewCQ(16)
+	cq := cli.NewCQ(16, cqOpts...)
 	qp, err := cpd.NewQP(nprdma.QPConfig{SendCQ: cq})
 	if err != nil {
 		b.Fatal(err)
@@ -84,3 +86,9 @@ func benchRead(b *testing.B, unpinned bool) {
 
 func BenchmarkReadPinned(b *testing.B)   { benchRead(b, false) }
 func BenchmarkReadUnpinned(b *testing.B) { benchRead(b, true) }
+
+// The busy-polling waiter spins on the P that the peer's delivery goroutine
+// was made runnable on: it must let that goroutine run.
+func BenchmarkReadPinnedBusyPoll(b *testing.B) {
+	benchRead(b, false, nprdma.WithBusyPoll(time.Millisecond))
+}
