@@ -157,6 +157,21 @@ func (cr *cRegion) setFailFills(on bool) {
 	atomic.StoreInt32((*int32)(unsafe.Pointer(&cr.c.fail_fills)), v)
 }
 
+// setBatchDiscard turns batched releases (process_madvise) on or off (a test
+// hook: off is the path of kernels that refuse it); batchDiscard reports
+// whether they are on.
+func (cr *cRegion) setBatchDiscard(on bool) {
+	v := int32(0)
+	if on {
+		v = 1
+	}
+	atomic.StoreInt32((*int32)(unsafe.Pointer(&cr.c.batch_discard)), v)
+}
+
+func (cr *cRegion) batchDiscard() bool {
+	return atomic.LoadInt32((*int32)(unsafe.Pointer(&cr.c.batch_discard))) != 0
+}
+
 // cStateLayout returns the C definitions of the state word, for the test
 // that keeps state.go and swap.h in agreement.
 func cStateLayout() map[string]uint64 {

@@ -3,14 +3,18 @@ package swap
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/nprdma"
@@ -85,6 +89,57 @@ func TestReadWriteRoundTripUnderEviction(t *testing.T) {
 	}
 	if st.Resident > st.Budget {
 		t.Fatalf("resident %d > budget %d", st.Resident, st.Budget)
+	}
+}
+
+// TestEvictionReleasesTheMemory checks with mincore that an evicted page's
+// memory is really given back (the state word alone could lie), both with
+// batched releases and with the one-madvise-per-run fallback.
+func TestEvictionReleasesTheMemory(t *testing.T) {
+	for _, batched := range []bool{true, false} {
+		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
+			const pages, budget = 512, 16
+			r, _ := newRegion(t, pages*PageSize, WithBudget(budget*PageSize))
+			if !r.c.uffd {
+				t.Skip("no userfaultfd: the region is not demand-paged")
+			}
+			if batched && !r.c.batchDiscard() {
+				t.Skip("this kernel has no process_madvise(MADV_DONTNEED) on its own pidfd")
+			}
+			r.c.setBatchDiscard(batched)
+			// Every other page, so that releases come as many short runs.
+			for p := 0; p < pages; p += 2 {
+				mustWrite(t, r, pagePattern(p, 1), int64(p)*PageSize)
+			}
+			vec := make([]byte, pages)
+			mem := r.Bytes()
+			if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&mem[0])), uintptr(len(mem)),
+				uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+				t.Fatalf("mincore: %v", errno)
+			}
+			absent, inCore := 0, 0
+			for p := 0; p < pages; p += 2 {
+				if atomic.LoadUint64(&r.States()[p])&(StatePresent|StateBusy) != 0 {
+					continue
+				}
+				absent++
+				if vec[p]&1 != 0 {
+					inCore++
+				}
+			}
+			if absent < pages/2-2*budget {
+				t.Fatalf("only %d of %d written pages absent with a %d-page budget", absent, pages/2, budget)
+			}
+			if inCore > 0 {
+				t.Fatalf("%d of %d evicted pages still hold memory", inCore, absent)
+			}
+			if batched != r.c.batchDiscard() {
+				t.Fatalf("batched releases %v after the run, want %v", r.c.batchDiscard(), batched)
+			}
+			for p := 0; p < pages; p += 2 {
+				expectBytes(t, "page", mustRead(t, r, PageSize, int64(p)*PageSize), pagePattern(p, 1))
+			}
+		})
 	}
 }
 

@@ -49,6 +49,8 @@ struct swap_region {
 	int uffd;               // -1 without userfaultfd
 	int backing_fd;         // -1 when unknown (only allowed without userfaultfd)
 	int stop_fd;            // eventfd: stops the fault threads
+	int self_pidfd;         // pidfd of this process for process_madvise; -1: none
+	int batch_discard;      // release batches with process_madvise (atomic; 0 once refused)
 	int notify_fd;          // eventfd owned by Go: "fill queue became non-empty"
 	int can_poison;
 	int fail_fills;         // test hook: backing reads of the fault threads fail
@@ -107,6 +109,10 @@ int swap_install_run(struct swap_region *r, uint64_t first, uint64_t n, const vo
 // holds busy on each and has drained its readers. Returns how many were
 // present.
 int64_t swap_release(struct swap_region *r, const uint64_t *pages, size_t n, int setzero);
+
+// SWAP_RELEASE_BATCH is how many runs of pages swap_release releases with
+// one system call.
+#define SWAP_RELEASE_BATCH 64
 
 // SWAP_FILL_POISONED marks a queued page that was poisoned, not filled.
 #define SWAP_FILL_POISONED (1ULL << 63)
