@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -650,6 +651,9 @@ func TestReconnectAfterTargetRestart(t *testing.T) {
 func TestNamespaceChangedAcrossRestart(t *testing.T) {
 	spec, tg, _, c := restartable(t, WithIOQueues(1))
 	n := namespace(t, c)
+	if again := namespace(t, c); again != n {
+		t.Fatal("a second call for the same namespace gave another handle")
+	}
 	if err := tg.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -682,6 +686,24 @@ func TestNamespaceChangedAcrossRestart(t *testing.T) {
 	}
 	if r := c.Stats().Reconnects; r < 1 || r > 3 {
 		t.Fatalf("%d reconnects, want 1 (no reconnect storm)", r)
+	}
+	// Asking for NSID 1 again gives a handle for what it is now, and the
+	// old one is no longer kept for the reconnect checks.
+	n2 := namespace(t, c)
+	if n2 == n || n2.Size() != 8<<20 {
+		t.Fatalf("namespace after the change: same handle %v, size %d", n2 == n, n2.Size())
+	}
+	if _, err := n2.WriteAt(make([]byte, BlockSize), 0); err != nil {
+		t.Fatalf("write to the new namespace: %v", err)
+	}
+	if n3 := namespace(t, c); n3 != n2 {
+		t.Fatal("a second call for the new namespace gave another handle")
+	}
+	c.nsMu.Lock()
+	kept := slices.Clone(c.namespaces)
+	c.nsMu.Unlock()
+	if len(kept) != 1 || kept[0] != n2 {
+		t.Fatalf("controller keeps %d namespace handles, want only the new one", len(kept))
 	}
 	// The same namespace after a restart is accepted (TestReconnectAfterTargetRestart).
 }

@@ -195,7 +195,7 @@ type Controller struct {
 	stop     chan struct{}
 
 	nsMu       sync.Mutex
-	namespaces []*Namespace // every one Namespace returned: checked at each reconnect
+	namespaces []*Namespace // the live handle of each NSID Namespace returned: checked at each reconnect
 }
 
 // session is one incarnation of the controller: what a reconnect replaces.

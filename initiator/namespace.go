@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -188,7 +189,19 @@ func (n *Namespace) acknowledged(s *session, bytes int64) {
 var _ blockio.Backend = (*Namespace)(nil)
 
 // Namespace identifies namespace nsid and fetches its region descriptor.
+// While the target serves the same namespace under nsid, every call returns
+// the same handle (checked against the target first); once it has changed,
+// the next call returns a new handle for what nsid is now.
 func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, error) {
+	if n := c.openNamespace(nsid); n != nil {
+		err := n.do(ctx, func(*session) error { return nil })
+		if err == nil {
+			return n, nil
+		}
+		if !errors.Is(err, ErrNamespaceChanged) {
+			return nil, err
+		}
+	}
 	n := &Namespace{c: c, nsid: nsid, changedDone: make(chan struct{}), lossReported: make(chan struct{}, 1)}
 	err := c.do(ctx, func(s *session) error {
 		id, err := s.identifyNamespace(ctx, nsid)
@@ -212,9 +225,32 @@ func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, er
 		return nil, err
 	}
 	c.nsMu.Lock()
+	// Handles that failed for good need no more checks: the list holds at
+	// most one live handle per NSID, however often Namespace is called.
+	c.namespaces = slices.DeleteFunc(c.namespaces, func(o *Namespace) bool { return o.changed.Load() != nil })
+	if o := c.liveNamespaceLocked(nsid); o != nil {
+		c.nsMu.Unlock()
+		return o, nil // a concurrent call got there first
+	}
 	c.namespaces = append(c.namespaces, n)
 	c.nsMu.Unlock()
 	return n, nil
+}
+
+// openNamespace returns the live handle for nsid, if there is one.
+func (c *Controller) openNamespace(nsid uint32) *Namespace {
+	c.nsMu.Lock()
+	defer c.nsMu.Unlock()
+	return c.liveNamespaceLocked(nsid)
+}
+
+func (c *Controller) liveNamespaceLocked(nsid uint32) *Namespace {
+	for _, n := range c.namespaces {
+		if n.nsid == nsid && n.changed.Load() == nil {
+			return n
+		}
+	}
+	return nil
 }
 
 // identifyNamespace reads Identify Namespace for nsid in session s and
