@@ -15,13 +15,18 @@ import (
 // or device, opened read-only) or a 256 MiB file written first so that reads
 // hit allocated blocks. Timing is reported, never asserted; bench/ has the
 // experiment that compares it with fio.
-func BenchmarkReadAt4K(b *testing.B) {
+func BenchmarkReadAt4K(b *testing.B) { benchReadAt4K(b) }
+
+// BenchmarkReadAt4KIOUring is BenchmarkReadAt4K through an io_uring.
+func BenchmarkReadAt4KIOUring(b *testing.B) { benchReadAt4K(b, WithIOUring()) }
+
+func benchReadAt4K(b *testing.B, opts ...Option) {
 	path := os.Getenv("NPRDMA_BLOCKDEV_BENCH_FILE")
 	if path == "" {
 		path = filepath.Join(b.TempDir(), "bench.img")
 		fillBenchFile(b, path, 256<<20)
 	}
-	d, err := Open(path, WithReadOnly(), WithMaxInflight(0))
+	d, err := Open(path, append([]Option{WithReadOnly(), WithMaxInflight(0)}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -30,7 +35,7 @@ func BenchmarkReadAt4K(b *testing.B) {
 		b.Logf("%s: no O_DIRECT; reads hit the page cache", path)
 	}
 	pages := d.Size() / PageSize
-	for _, qd := range []int{1, 4, 16, 32, 64, 128} {
+	for _, qd := range []int{1, 4, 8, 16, 32, 64, 128} {
 		b.Run(fmt.Sprintf("qd=%d", qd), func(b *testing.B) {
 			var wg sync.WaitGroup
 			start := time.Now()

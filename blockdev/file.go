@@ -44,6 +44,12 @@ type File struct {
 	noDsyncFlag atomic.Bool
 
 	sys sysCalls
+
+	ring       *uring // nil: pread and pwrite
+	ringActive atomic.Int64
+	ringOn     atomic.Bool // see useRing
+	ringAbove  int64       // ringAboveDefault; tests lower it
+	ringBelow  int64
 }
 
 // sysCalls are the system calls File makes for I/O. Tests replace them to
@@ -78,6 +84,7 @@ type options struct {
 	notExclusive bool
 	minSize      int64
 	maxInflight  int
+	uring        bool
 	logger       *slog.Logger
 }
 
@@ -106,8 +113,21 @@ func WithMinSize(n int64) Option { return func(o *options) { o.minSize = n } }
 // 0 means unbounded.
 func WithMaxInflight(n int) Option { return func(o *options) { o.maxInflight = n } }
 
+// WithIOUring makes reads and writes go through an io_uring where the
+// kernel offers one (pread and pwrite otherwise, with a warning): the
+// caller's goroutine parks while the kernel works, so many goroutines keep
+// many operations in flight even with few Ps. FUA writes, flushes and
+// discards stay system calls.
+func WithIOUring() Option { return func(o *options) { o.uring = true } }
+
 // WithLogger sets where Open reports fallbacks (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// The ring's thresholds (File.useRing).
+const (
+	ringAboveDefault = 8
+	ringBelowDefault = 2
+)
 
 // DefaultMaxInflight is the default bound on concurrent system calls per
 // device: twice the queue depth at which the reference disk saturates (see
@@ -237,6 +257,17 @@ func Open(path string, opts ...Option) (*File, error) {
 	if o.minSize > 0 && d.size < o.minSize {
 		return closeAndFail(fmt.Errorf("%w: %d bytes, %d needed", ErrTooSmall, d.size, o.minSize))
 	}
+	if o.uring {
+		depth := uringDefaultDepth
+		if o.maxInflight > 0 {
+			depth = max(o.maxInflight, 2)
+		}
+		d.ringAbove, d.ringBelow = ringAboveDefault, ringBelowDefault
+		if d.ring, err = newUring(depth); err != nil {
+			o.logger.Warn("no io_uring; using pread and pwrite", "path", path, "err", err)
+			d.ring = nil
+		}
+	}
 	return d, nil
 }
 
@@ -363,12 +394,59 @@ func (d *File) check(op string, p []byte, off int64, write bool) error {
 
 // ReadAt implements Device.
 func (d *File) ReadAt(p []byte, off int64) (int, error) {
+	if d.ring != nil {
+		return d.transfer("read", p, off, false, d.ringRead)
+	}
 	return d.transfer("read", p, off, false, d.sys.pread)
 }
 
 // WriteAt implements Device.
 func (d *File) WriteAt(p []byte, off int64) (int, error) {
+	if d.ring != nil {
+		return d.transfer("write", p, off, true, d.ringWrite)
+	}
 	return d.transfer("write", p, off, true, d.sys.pwrite)
+}
+
+// useRing says whether the operation that makes active operations in
+// flight goes through the ring. At a low queue depth a blocking system call
+// costs less than the ring's hand-offs between goroutines (on this VM each
+// can wake the other vCPU); at a high one, system calls that each hold a P
+// leave too few in flight. The two are not mixed: blocked system calls
+// would hold the Ps the ring's reaper needs. So the file switches to the
+// ring when more than ringAbove operations are in flight and back once at
+// most ringBelow are (measured in docs/blockdev.md).
+func (d *File) useRing(active int64) bool {
+	on := d.ringOn.Load()
+	switch {
+	case !on && active > d.ringAbove:
+		d.ringOn.Store(true)
+		return true
+	case on && active <= d.ringBelow:
+		d.ringOn.Store(false)
+		return false
+	}
+	return on
+}
+
+func (d *File) ringRead(fd int, p []byte, off int64) (int, error) {
+	defer d.ringActive.Add(-1)
+	if d.useRing(d.ringActive.Add(1)) {
+		if n, err, ok := d.ring.do(uringOpRead, fd, p, off); ok {
+			return n, err
+		}
+	}
+	return d.sys.pread(fd, p, off)
+}
+
+func (d *File) ringWrite(fd int, p []byte, off int64) (int, error) {
+	defer d.ringActive.Add(-1)
+	if d.useRing(d.ringActive.Add(1)) {
+		if n, err, ok := d.ring.do(uringOpWrite, fd, p, off); ok {
+			return n, err
+		}
+	}
+	return d.sys.pwrite(fd, p, off)
 }
 
 // WriteAtFUA implements Device with pwritev2(RWF_DSYNC), which the kernel
@@ -523,6 +601,9 @@ func (d *File) Close() error {
 		return nil
 	}
 	d.closed = true
+	if d.ring != nil {
+		d.ring.close() // nothing is in flight: every operation holds mu shared
+	}
 	if err := d.f.Close(); err != nil {
 		return &Error{Op: "close", Path: d.path, Off: -1, Err: unwrapPathError(err)}
 	}
