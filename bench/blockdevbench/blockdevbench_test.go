@@ -213,13 +213,15 @@ func TestMeasureTiny(t *testing.T) {
 			t.Fatalf("figure %q: %+v", name, f)
 		}
 	}
-	if _, ok := exp.Figure("QD4 IOPS, GOMAXPROCS=4, vs psync×4"); !ok {
-		t.Fatal("no GOMAXPROCS variant figure")
+	for _, name := range []string{"QD4 IOPS, GOMAXPROCS=4, vs psync×4", "QD1 p50 latency, io_uring", "QD4 IOPS, io_uring, vs libaio"} {
+		if f, ok := exp.Figure(name); !ok || f.Value <= 0 {
+			t.Fatalf("variant figure %q: %+v", name, f)
+		}
 	}
 	if runtime.GOMAXPROCS(0) != procsBefore {
 		t.Fatalf("GOMAXPROCS left at %d, was %d", runtime.GOMAXPROCS(0), procsBefore)
 	}
-	if len(exp.Placements) != 6 {
+	if len(exp.Placements) != 8 {
 		t.Fatalf("%d placements, want one per case", len(exp.Placements))
 	}
 	for _, p := range exp.Placements {
@@ -236,9 +238,11 @@ func TestMeasureTiny(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	iops, _ := exp.SeriesByName("iops-ours")
-	if len(iops.Points) != 2 || iops.Points[0].X != 1 || iops.Points[1].X != 2 {
-		t.Fatalf("sweep series %+v", iops)
+	for _, name := range []string{"iops-ours", "iops-ours-uring"} {
+		iops, _ := exp.SeriesByName(name)
+		if len(iops.Points) != 2 || iops.Points[0].X != 1 || iops.Points[1].X != 2 {
+			t.Fatalf("sweep series %s: %+v", name, iops)
+		}
 	}
 	raw, _ := filepath.Glob(filepath.Join(env.OutDir, Name, "fio-*.json"))
 	if len(raw) != 3*2+2*2 {

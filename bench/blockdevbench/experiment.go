@@ -80,7 +80,8 @@ type caseDef struct {
 	qd     int // ours: goroutines; fio: iodepth
 	engine string
 	jobs   int
-	procs  int // ours: GOMAXPROCS during the measurement (0: unchanged)
+	procs  int  // ours: GOMAXPROCS during the measurement (0: unchanged)
+	uring  bool // ours: the file opened WithIOUring
 }
 
 func (c caseDef) fioArgs(path string, dur, warmup time.Duration) []string {
@@ -144,6 +145,7 @@ type runner struct {
 	cfg      Config
 	path     string
 	dev      blockdev.Device
+	uringDev blockdev.Device // the same file WithIOUring
 	fio      bench.Fio
 	rawDir   string
 	fioVer   string
@@ -158,8 +160,12 @@ func (rn *runner) measure(ctx context.Context, c caseDef, dur, warmup time.Durat
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(c.procs))
 		}
 		rn.readSeed++
+		dev := rn.dev
+		if c.uring {
+			dev = rn.uringDev
+		}
 		sampler := bench.StartCPUSampler(os.Getpid(), 0)
-		res, err := RandomReads(ctx, rn.dev, c.qd, warmup, dur, rn.readSeed, dataSeed)
+		res, err := RandomReads(ctx, dev, c.qd, warmup, dur, rn.readSeed, dataSeed)
 		pl := sampler.Stop()
 		if err != nil {
 			return measurement{}, fmt.Errorf("%s (%s): %w", c.key, tag, err)
@@ -245,7 +251,12 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 		return nil, fmt.Errorf("blockdev bench: backing file content before the run: %w", err)
 	}
 
-	rn := &runner{env: env, cfg: cfg, path: path, dev: dev, rawDir: rawDir}
+	uringDev, err := blockdev.Open(path, blockdev.WithReadOnly(), blockdev.WithIOUring(), blockdev.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	defer uringDev.Close()
+	rn := &runner{env: env, cfg: cfg, path: path, dev: dev, uringDev: uringDev, rawDir: rawDir}
 	cases := []caseDef{
 		{key: "ours-qd1", role: "nprdma-bench: blockdev, 1 goroutine", label: "blockdev (ours)", ours: true, qd: 1},
 		{key: "fio-psync-qd1", role: "fio psync, 1 job", label: "fio psync", engine: "psync", qd: 1, jobs: 1},
@@ -257,6 +268,11 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 		// calls rather than blockdev itself.
 		{key: fmt.Sprintf("ours-qd%d-procs%d", cfg.QD, cfg.QD), role: fmt.Sprintf("nprdma-bench: blockdev, %d goroutines, GOMAXPROCS=%d", cfg.QD, cfg.QD),
 			label: fmt.Sprintf("blockdev (ours), %d goroutines, GOMAXPROCS=%d", cfg.QD, cfg.QD), ours: true, qd: cfg.QD, procs: cfg.QD},
+		// The same reader through an io_uring (blockdev.WithIOUring), which
+		// switches to the ring only at depth: QD1 must not pay for it.
+		{key: "ours-qd1-uring", role: "nprdma-bench: blockdev with io_uring, 1 goroutine", label: "blockdev (ours), io_uring", ours: true, qd: 1, uring: true},
+		{key: fmt.Sprintf("ours-qd%d-uring", cfg.QD), role: fmt.Sprintf("nprdma-bench: blockdev with io_uring, %d goroutines", cfg.QD),
+			label: fmt.Sprintf("blockdev (ours), io_uring, %d goroutines", cfg.QD), ours: true, qd: cfg.QD, uring: true},
 	}
 	results := make([]*caseResults, len(cases))
 	for i, c := range cases {
@@ -293,7 +309,7 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 	exp := &bench.Experiment{Name: Name}
 	exp.Method = fmt.Sprintf("A %s file in %s (%s) is written once with 4 MiB sequential O_DIRECT writes of incompressible, per-page distinct data, "+
 		"then read with 4 KiB O_DIRECT reads at uniformly random page offsets (drawn with replacement, like fio's norandommap). "+
-		"Ours is blockdev.File.ReadAt called from 1 goroutine (QD1) and from %d goroutines (QD%d), the latter also with GOMAXPROCS raised to %d; every read's first word is checked and 256 pages are verified in full before and after. "+
+		"Ours is blockdev.File.ReadAt called from 1 goroutine (QD1) and from %d goroutines (QD%d), the latter also with GOMAXPROCS raised to %d, and both again on the file opened WithIOUring; every read's first word is checked and 256 pages are verified in full before and after. "+
 		"The baseline is fio %s on the same file in the same run: psync with 1 job (QD1), libaio with iodepth=%d, and psync with %d jobs (the like-for-like comparison for %d blocking readers). "+
 		"Each measurement runs %v after a %v warm-up; ours and fio alternate, in reverse order every other round, over %d rounds, and each figure is the mean of the per-round values. "+
 		"Latency is the time of one read: ours the wall time around ReadAt, fio its completion latency (clat). "+
@@ -312,6 +328,7 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 
 	qd1, fio1 := results[0], results[1]
 	oursHi, aioHi, psyncHi, oursProcs := results[2], results[3], results[4], results[5]
+	uring1, uringHi := results[6], results[7]
 	qd := strconv.Itoa(cfg.QD)
 	fig := func(name string, ours, base []float64, unit string, baseName string) bench.Figure {
 		return bench.NewFigure(name, bench.MeanFloat(ours), unit, baseName, bench.MeanFloat(base)).
@@ -329,6 +346,9 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 		fig("QD"+qd+" IOPS vs psync×"+qd, oursHi.iops, psyncHi.iops, "IOPS", "fio psync "+qd+" jobs IOPS"),
 		fig("QD"+qd+" p99 latency, GOMAXPROCS="+qd+", vs psync×"+qd, oursProcs.p99, psyncHi.p99, "µs", "fio psync "+qd+" jobs p99"),
 		fig("QD"+qd+" IOPS, GOMAXPROCS="+qd+", vs psync×"+qd, oursProcs.iops, psyncHi.iops, "IOPS", "fio psync "+qd+" jobs IOPS"),
+		fig("QD1 p50 latency, io_uring", uring1.p50, fio1.p50, "µs", "fio psync QD1 p50"),
+		fig("QD"+qd+" IOPS, io_uring, vs libaio", uringHi.iops, aioHi.iops, "IOPS", "fio libaio iodepth="+qd+" IOPS"),
+		fig("QD"+qd+" p99 latency, io_uring, vs libaio", uringHi.p99, aioHi.p99, "µs", "fio libaio iodepth="+qd+" p99"),
 	)
 	for _, r := range results {
 		exp.AddSeries(bench.Series{Name: "cdf-" + r.def.key, Label: r.def.label, XUnit: "µs", YUnit: "fraction", Points: r.cdf()})
@@ -341,7 +361,7 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 	exp.AddPlot(bench.Plot{File: "blockdev-cdf-qd" + qd + ".svg", Kind: bench.PlotCDF, LogX: true,
 		Title:   "4 KiB random read latency at QD" + qd,
 		Caption: "Ours with " + qd + " goroutines against fio with one libaio thread keeping " + qd + " reads in flight and against " + qd + " psync jobs.",
-		XLabel:  "read latency (µs)", Series: []string{"cdf-" + oursHi.def.key, "cdf-" + oursProcs.def.key, "cdf-" + aioHi.def.key, "cdf-" + psyncHi.def.key}})
+		XLabel:  "read latency (µs)", Series: []string{"cdf-" + oursHi.def.key, "cdf-" + oursProcs.def.key, "cdf-" + uringHi.def.key, "cdf-" + aioHi.def.key, "cdf-" + psyncHi.def.key}})
 
 	// Side-by-side percentiles: one bar group per (queue depth, percentile).
 	cats := []string{"QD1 p50", "QD1 p99", "QD" + qd + " p50", "QD" + qd + " p99"}
@@ -371,7 +391,7 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 		}
 		exp.AddPlot(bench.Plot{File: "blockdev-iops-vs-qd.svg", Kind: bench.PlotLine, LogX: true, XTicks: depths,
 			Title: "4 KiB random read IOPS against queue depth", XLabel: "queue depth (goroutines / jobs / iodepth)", YLabel: "IOPS",
-			Caption: "One measurement per point (shorter than the main rounds); ours uses one goroutine per outstanding read, with the default GOMAXPROCS and with GOMAXPROCS raised to the queue depth.",
+			Caption: "One measurement per point (shorter than the main rounds); ours uses one goroutine per outstanding read, with the default GOMAXPROCS, with GOMAXPROCS raised to the queue depth, and through an io_uring.",
 			Series:  iopsNames})
 		exp.AddPlot(bench.Plot{File: "blockdev-p50-vs-qd.svg", Kind: bench.PlotLine, LogX: true, XTicks: depths,
 			Title: "Median read latency against queue depth", XLabel: "queue depth", YLabel: "p50 latency (µs)",
@@ -416,6 +436,7 @@ func (rn *runner) sweep(ctx context.Context) ([]sweepLine, error) {
 	lines := []sweepLine{
 		{key: "ours", label: "blockdev (ours)"},
 		{key: "ours-procs", label: "blockdev (ours), GOMAXPROCS = queue depth"},
+		{key: "ours-uring", label: "blockdev (ours), io_uring"},
 		{key: "fio-psync", label: "fio psync, one job per read"},
 		{key: "fio-libaio", label: "fio libaio, one job"},
 	}
@@ -423,6 +444,7 @@ func (rn *runner) sweep(ctx context.Context) ([]sweepLine, error) {
 		defs := []caseDef{
 			{key: "sweep-ours-qd" + strconv.Itoa(d), ours: true, qd: d},
 			{key: "sweep-ours-procs-qd" + strconv.Itoa(d), ours: true, qd: d, procs: max(d, runtime.GOMAXPROCS(0))},
+			{key: "sweep-ours-uring-qd" + strconv.Itoa(d), ours: true, qd: d, uring: true},
 			{key: "sweep-fio-psync-qd" + strconv.Itoa(d), engine: "psync", qd: 1, jobs: d},
 			{key: "sweep-fio-libaio-qd" + strconv.Itoa(d), engine: "libaio", qd: d, jobs: 1},
 		}

@@ -280,10 +280,18 @@ func TestSIGTERMDrainsFlushesAndExitsZero(t *testing.T) {
 	if !bytes.Equal(f[4<<20:5<<20], data) {
 		t.Fatal("writes acknowledged before SIGTERM are not on the backing file")
 	}
-	p2 := startTargetProc(t, targetArgs(dir)...)
+	// The restart also takes --io-uring: the data is served back through
+	// a backing opened with it.
+	p2 := startTargetProc(t, append(targetArgs(dir), "--io-uring")...)
 	if !strings.Contains(p2.banner, banner.PreviousRun+target.PreviousRunClean.String()) {
 		t.Fatalf("restart after SIGTERM: %q", p2.banner)
 	}
+	_, n2, done2 := connectNS(t, p2.addr)
+	got := make([]byte, len(data))
+	if _, err := n2.ReadAt(got, 4<<20); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back after the restart with --io-uring: %v, equal %v", err, bytes.Equal(got, data))
+	}
+	done2()
 	p2.cmd.Process.Signal(syscall.SIGINT)
 	if code := p2.wait(t); code != 0 {
 		t.Fatalf("exit code %d after SIGINT", code)

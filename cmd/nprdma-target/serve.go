@@ -147,7 +147,11 @@ func serve(cc *cli.Context) error {
 	}
 	for i, s := range subs {
 		for _, ns := range s.Namespaces {
-			dev, err := blockdev.Open(ns.Backing, blockdev.WithLogger(log))
+			openOpts := []blockdev.Option{blockdev.WithLogger(log)}
+			if cc.Bool("io-uring") {
+				openOpts = append(openOpts, blockdev.WithIOUring())
+			}
+			dev, err := blockdev.Open(ns.Backing, openOpts...)
 			if err != nil {
 				closeAll()
 				return fmt.Errorf("backing %s: %w", ns.Backing, err)
