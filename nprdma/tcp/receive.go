@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -129,9 +128,7 @@ func (c *connReader) Read(p []byte) (int, error) {
 // the spin time is up or the driver's context ends (not ok, and no more
 // spinning in this drive: the caller blocks as usual). A read that spins
 // finds the packet as soon as the peer's write lands, with no wake-up of a
-// goroutine blocked in the network poller. It yields its P between bursts of
-// reads, so that goroutines made runnable on it (the peer's, when both ends
-// live in one process) are not held back until the spin ends.
+// goroutine blocked in the network poller.
 func (c *connReader) spin(p []byte) (n int, err error, ok bool) {
 	sp := &c.sp
 	sp.p, sp.got = p, false
@@ -162,11 +159,8 @@ func (sp *spinRead) read(fd uintptr) bool {
 			sp.err, sp.got = os.NewSyscallError("read", err), true
 			return true
 		}
-		if i%32 == 0 {
-			if nanotime() > sp.until || sp.ctx.Err() != nil {
-				return true // not got: block as usual
-			}
-			runtime.Gosched()
+		if i%32 == 0 && (nanotime() > sp.until || sp.ctx.Err() != nil) {
+			return true // not got: block as usual
 		}
 	}
 }
