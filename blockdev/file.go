@@ -430,23 +430,23 @@ func (d *File) useRing(active int64) bool {
 }
 
 func (d *File) ringRead(fd int, p []byte, off int64) (int, error) {
-	defer d.ringActive.Add(-1)
-	if d.useRing(d.ringActive.Add(1)) {
-		if n, err, ok := d.ring.do(uringOpRead, fd, p, off); ok {
-			return n, err
-		}
-	}
-	return d.sys.pread(fd, p, off)
+	return d.viaRing(uringOpRead, d.sys.pread, fd, p, off)
 }
 
 func (d *File) ringWrite(fd int, p []byte, off int64) (int, error) {
+	return d.viaRing(uringOpWrite, d.sys.pwrite, fd, p, off)
+}
+
+// viaRing does one operation through the ring or, at low depth or with a
+// broken ring, with the system call sys.
+func (d *File) viaRing(op uint8, sys func(int, []byte, int64) (int, error), fd int, p []byte, off int64) (int, error) {
 	defer d.ringActive.Add(-1)
 	if d.useRing(d.ringActive.Add(1)) {
-		if n, err, ok := d.ring.do(uringOpWrite, fd, p, off); ok {
+		if n, err, ok := d.ring.do(op, fd, p, off); ok {
 			return n, err
 		}
 	}
-	return d.sys.pwrite(fd, p, off)
+	return sys(fd, p, off)
 }
 
 // WriteAtFUA implements Device with pwritev2(RWF_DSYNC), which the kernel
