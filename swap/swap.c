@@ -572,7 +572,7 @@ void swap_heal(struct swap_region *r, uint64_t page) {
 // discard releases the memory of the ranges in iov. One madvise per range
 // costs a TLB shootdown each: an interrupt to every other CPU running a
 // thread of this process, which on a VM is tens of µs per range (measured
-// here: 38 µs per scattered page with a busy sibling thread, 14 µs in one
+// here: 38–67 µs per scattered page with a busy sibling thread, 10–17 µs in one
 // batch). process_madvise on our own pidfd (MADV_DONTNEED there: Linux 6.13)
 // releases them all with one flush. Where the kernel refuses it, discard
 // falls back to madvise for good.
