@@ -263,9 +263,8 @@ func Open(path string, opts ...Option) (*File, error) {
 			depth = max(o.maxInflight, 2)
 		}
 		d.ringAbove, d.ringBelow = ringAboveDefault, ringBelowDefault
-		if d.ring, err = newUring(depth); err != nil {
+		if d.ring, err = newUring(depth); err != nil { // d.ring stays nil
 			o.logger.Warn("no io_uring; using pread and pwrite", "path", path, "err", err)
-			d.ring = nil
 		}
 	}
 	return d, nil

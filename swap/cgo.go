@@ -149,27 +149,24 @@ func (cr *cRegion) counters() cCounters {
 
 // setFailFills makes the fault threads' backing reads fail (a test hook: the
 // threads read the descriptor directly, below any blockdev fault decorator).
-func (cr *cRegion) setFailFills(on bool) {
-	v := int32(0)
-	if on {
-		v = 1
-	}
-	atomic.StoreInt32((*int32)(unsafe.Pointer(&cr.c.fail_fills)), v)
-}
+func (cr *cRegion) setFailFills(on bool) { storeCFlag(&cr.c.fail_fills, on) }
 
 // setBatchDiscard turns batched releases (process_madvise) on or off (a test
 // hook: off is the path of kernels that refuse it); batchDiscard reports
 // whether they are on.
-func (cr *cRegion) setBatchDiscard(on bool) {
+func (cr *cRegion) setBatchDiscard(on bool) { storeCFlag(&cr.c.batch_discard, on) }
+
+func (cr *cRegion) batchDiscard() bool {
+	return atomic.LoadInt32((*int32)(unsafe.Pointer(&cr.c.batch_discard))) != 0
+}
+
+// storeCFlag sets a C int flag that the C side reads atomically.
+func storeCFlag(p *C.int, on bool) {
 	v := int32(0)
 	if on {
 		v = 1
 	}
-	atomic.StoreInt32((*int32)(unsafe.Pointer(&cr.c.batch_discard)), v)
-}
-
-func (cr *cRegion) batchDiscard() bool {
-	return atomic.LoadInt32((*int32)(unsafe.Pointer(&cr.c.batch_discard))) != 0
+	atomic.StoreInt32((*int32)(unsafe.Pointer(p)), v)
 }
 
 // cStateLayout returns the C definitions of the state word, for the test
