@@ -280,8 +280,8 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 		a.reportStats()
 		if terr != nil {
 			// Keep the record so that list and detach see the failure and
-			// clean up what is left.
-			a.rec.DetachAttempts++
+			// clean up what is left. Not a refusal (DetachAttempts): the
+			// process exits, and detach must wait for that to reap it.
 			a.rec.DetachError = terr.Error()
 			req.dir.Save(a.rec)
 			a.tellOutcome()

@@ -77,8 +77,11 @@ func printAttachments(w io.Writer, recs []attach.Record, now time.Time) {
 		if use == "" {
 			use = "-"
 		}
-		if r.DetachError != "" {
+		switch {
+		case r.DetachError != "" && r.DetachAttempts > 0:
 			use += " (detach refused: " + r.DetachError + ")"
+		case r.DetachError != "":
+			use += " (detach failed: " + r.DetachError + ")"
 		}
 		if r.Dead() {
 			dead = append(dead, r)

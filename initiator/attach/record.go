@@ -111,7 +111,9 @@ type Record struct {
 	PossiblyLostSince time.Time `json:"possibly_lost_since,omitzero"`
 
 	// DetachAttempts counts teardown requests the process refused (e.g. the
-	// loop device was mounted); DetachError says why the last one failed.
+	// loop device was mounted) and goes on serving; DetachError says why the
+	// last one was refused, or why a teardown failed (the process then exits
+	// without counting it: detach waits for the exit and reaps the record).
 	DetachAttempts int    `json:"detach_attempts,omitempty"`
 	DetachError    string `json:"detach_error,omitempty"`
 }
