@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 
@@ -17,7 +16,7 @@ import (
 func TestDiscoverShowsTransportAndProvider(t *testing.T) {
 	host := "nqn.2024-01.io.nprdma:test-host"
 	addr := startTarget(t, host)
-	os.Setenv("NPRDMA_STATE_DIR", t.TempDir())
+	t.Setenv("NPRDMA_STATE_DIR", t.TempDir())
 	text := runApp(t, "--hostnqn", host, "--provider", "tcp", "discover", "--target", addr)
 	want := "subsystem " + subA + " at " + addr + " (NVMe-oF transport rdma, nprdma provider tcp)"
 	if !strings.Contains(text, want) {

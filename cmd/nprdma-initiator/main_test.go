@@ -116,7 +116,7 @@ func runApp(t *testing.T, args ...string) string {
 func TestDiscoverListsSubsystemsAndNamespaces(t *testing.T) {
 	host := "nqn.2024-01.io.nprdma:test-host"
 	addr := startTarget(t, host)
-	os.Setenv("NPRDMA_STATE_DIR", t.TempDir())
+	t.Setenv("NPRDMA_STATE_DIR", t.TempDir())
 	text := runApp(t, "--hostnqn", host, "discover", "--target", addr)
 	for _, want := range []string{subA, "1 subsystem(s)", "  1  ", "  2  ", "1 MiB", "2 MiB", "true"} {
 		if !strings.Contains(text, want) {
@@ -157,7 +157,7 @@ func TestAttachNBD(t *testing.T) {
 	}
 	host := "nqn.2024-01.io.nprdma:test-host"
 	addr := startTarget(t, host)
-	os.Setenv("NPRDMA_STATE_DIR", t.TempDir())
+	t.Setenv("NPRDMA_STATE_DIR", t.TempDir())
 	sock := filepath.Join(t.TempDir(), "ns.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	var stderr logtest.Buffer
