@@ -116,12 +116,14 @@ func (p *directPair) read(t *testing.T, ctx context.Context, id uint64, off, n i
 	}
 }
 
-// The waiter receives its completions itself: after the first READ (which
-// finds the reader goroutine receiving and asks it to step aside), every
-// READ is received by the goroutine in Wait. With direct completion off,
-// none is. A busy-polling CQ's waiter drives too, and spins on the socket:
-// with a spin of 10 ms and a spare P nearly every READ's response is found
-// by a spinning read.
+// The waiter receives its completions itself: once the reader goroutine
+// has handed the receive side over (at the first READ whose waiter has to
+// wait: a response may also arrive before its waiter looks, and the reader
+// goroutine still holding the link delivers it), every READ is received by
+// the goroutine in Wait, as only the linger gives the link back. With
+// direct completion off, none is. A busy-polling CQ's waiter drives too, and
+// spins on the socket: with a spin of 10 ms and a spare P most READs'
+// responses are found by a spinning read.
 func TestDirectCompletionDrives(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -136,16 +138,24 @@ func TestDirectCompletionDrives(t *testing.T) {
 			}
 			p := newDirectPair(t, []Option{WithDirectCompletion(tc.linger)}, nil, cqOpts...)
 			l := onlyLink(t, p.cliProv)
+			id := uint64(0)
+			if tc.linger > 0 {
+				for ; l.rcv.drives.Load() == 0; id++ {
+					if id == 10000 {
+						t.Fatal("10000 READs and the reader goroutine never handed the receive side over")
+					}
+					p.read(t, ctx, id, int(id%64)*4096, 4096)
+				}
+			}
+			drives0, hits0 := l.rcv.drives.Load(), l.cr.sp.hits.Load()
 			const n = 200
 			for i := 0; i < n; i++ {
-				p.read(t, ctx, uint64(i), (i%64)*4096, 4096)
+				p.read(t, ctx, id, int(id%64)*4096, 4096)
+				id++
 			}
-			drives, hits := l.rcv.drives.Load(), l.cr.sp.hits.Load()
-			// The first READs may find the reader goroutine still
-			// receiving (it steps aside at its next pause, which a slow
-			// scheduler can delay past the next READ or two).
-			if tc.linger > 0 && drives < n-10 {
-				t.Fatalf("%d of %d READs received by their waiter, want at least %d", drives, n, n-10)
+			drives, hits := l.rcv.drives.Load()-drives0, l.cr.sp.hits.Load()-hits0
+			if tc.linger > 0 && drives != n {
+				t.Fatalf("%d of %d READs after the hand-over received by their waiter, want all", drives, n)
 			}
 			if tc.linger == 0 && drives != 0 {
 				t.Fatalf("direct completion off, yet %d READs were received by their waiter", drives)
@@ -153,8 +163,10 @@ func TestDirectCompletionDrives(t *testing.T) {
 			switch {
 			case tc.spin == 0 && hits != 0:
 				t.Fatalf("%d reads satisfied by spinning without busy polling", hits)
-			case tc.spin > 0 && runtime.GOMAXPROCS(0) > 1 && hits < n-10:
-				t.Fatalf("%d of %d READs found by a spinning read, want at least %d", hits, n, n-10)
+			case tc.spin > 0 && runtime.GOMAXPROCS(0) > 1 && hits < n/2:
+				// Not all: on a loaded machine (CI runs packages in
+				// parallel) a spin may end before a starved peer answers.
+				t.Fatalf("%d of %d READs found by a spinning read, want at least %d", hits, n, n/2)
 			case tc.spin > 0 && runtime.GOMAXPROCS(0) == 1 && hits != 0:
 				t.Fatalf("%d reads satisfied by spinning with a single P", hits)
 			}
