@@ -191,8 +191,7 @@ func (l *link) Flush() {
 	}
 	l.busy = true
 	for {
-		b := l.pend
-		l.pend, l.spare = l.spare, b
+		b := l.takePendingLocked()
 		l.wmu.Unlock()
 		b.pad(0) // every write a multiple of alignTo: the next one starts aligned
 		done, err := l.write(b, false)
@@ -205,15 +204,7 @@ func (l *link) Flush() {
 			go l.drain(b)
 			return
 		}
-		b.reset()
-		l.wmu.Lock()
-		if len(l.pend.segs) == 0 || l.dead {
-			if l.dead {
-				l.pend.drop()
-			}
-			l.busy = false
-			l.shutdownIfDoneLocked()
-			l.wmu.Unlock()
+		if !l.writtenLocking(b) {
 			return
 		}
 	}
@@ -227,22 +218,39 @@ func (l *link) drain(b *wbatch) {
 			l.writeFailed(b, err)
 			return
 		}
-		b.reset()
-		l.wmu.Lock()
-		if len(l.pend.segs) == 0 || l.dead {
-			if l.dead {
-				l.pend.drop()
-			}
-			l.busy = false
-			l.shutdownIfDoneLocked()
-			l.wmu.Unlock()
+		if !l.writtenLocking(b) {
 			return
 		}
-		b = l.pend
-		l.pend, l.spare = l.spare, b
+		b = l.takePendingLocked()
 		l.wmu.Unlock()
 		b.pad(0)
 	}
+}
+
+// takePendingLocked swaps the queued batch for the spare one and returns
+// it, to write once wmu is released.
+func (l *link) takePendingLocked() *wbatch {
+	b := l.pend
+	l.pend, l.spare = l.spare, b
+	return b
+}
+
+// writtenLocking is the end of a batch's write: it takes wmu and, when
+// nothing more is queued (or the link died), ends the writer's turn and
+// releases wmu, false. True: more is queued, wmu is held.
+func (l *link) writtenLocking(b *wbatch) bool {
+	b.reset()
+	l.wmu.Lock()
+	if len(l.pend.segs) == 0 || l.dead {
+		if l.dead {
+			l.pend.drop()
+		}
+		l.busy = false
+		l.shutdownIfDoneLocked()
+		l.wmu.Unlock()
+		return false
+	}
+	return true
 }
 
 func (l *link) writeFailed(b *wbatch, err error) {
