@@ -36,7 +36,17 @@ const (
 	uringCQESize          = 16
 	uringDefaultDepth     = 64
 	uringSubmitRetryPause = 20 * time.Microsecond
+	uringReapPollPause    = 50 * time.Microsecond
 )
+
+// eventSource is the ring's eventfd as the reaper reads it.
+type eventSource interface {
+	Read(p []byte) (int, error)
+	Close() error
+}
+
+// wrapUringEvents, when set (tests), wraps a new ring's eventfd.
+var wrapUringEvents func(eventSource) eventSource
 
 // uringParams is struct io_uring_params.
 type uringParams struct {
@@ -91,7 +101,7 @@ type uring struct {
 	sqArray        unsafe.Pointer
 	cqHead, cqTail *uint32
 	cqes           unsafe.Pointer
-	events         *os.File // eventfd the kernel signals on every completion
+	events         eventSource // eventfd the kernel signals on every completion
 	reaped         chan struct{}
 	slots          chan uint32 // free waiter slots: bounds what is in flight to the ring's size
 	waiters        []uringWaiter
@@ -152,6 +162,9 @@ func newUring(depth int) (*uring, error) {
 		return nil, fmt.Errorf("io_uring_register eventfd: %w", errno)
 	}
 	u.events = os.NewFile(uintptr(efd), "io_uring-events") // non-blocking: read through the poller
+	if wrapUringEvents != nil {
+		u.events = wrapUringEvents(u.events)
+	}
 	n := int(p.sqEntries)
 	u.waiters = make([]uringWaiter, n)
 	u.slots = make(chan uint32, n)
@@ -225,7 +238,10 @@ func (u *uring) reap() {
 			if errors.Is(err, os.ErrClosed) {
 				return
 			}
-			continue // a spurious wake-up (EAGAIN is handled by the poller)
+			// Not expected of an eventfd (the poller handles EAGAIN).
+			// Rather than spin on the error, or leave waiters hanging if
+			// it persists, look at the completion queue now and then.
+			time.Sleep(uringReapPollPause)
 		}
 		for {
 			head := atomic.LoadUint32(u.cqHead)

@@ -2,8 +2,11 @@ package blockdev
 
 import (
 	"errors"
+	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -120,6 +123,61 @@ func TestIOUringCloseStopsTheReaper(t *testing.T) {
 	}
 	if _, err := d.ReadAt(AlignedBuffer(PageSize), 0); !errors.Is(err, ErrClosed) {
 		t.Fatalf("read after Close: %v, want ErrClosed", err)
+	}
+}
+
+// failingEvents is an eventfd whose reads fail until it is closed.
+type failingEvents struct {
+	eventSource
+	closed atomic.Bool
+	reads  atomic.Int64
+}
+
+func (f *failingEvents) Read([]byte) (int, error) {
+	f.reads.Add(1)
+	if f.closed.Load() {
+		return 0, os.ErrClosed
+	}
+	return 0, errors.New("injected eventfd failure")
+}
+
+func (f *failingEvents) Close() error {
+	f.closed.Store(true)
+	return f.eventSource.Close()
+}
+
+// TestIOUringReaperSurvivesEventfdErrors: with every read of the eventfd
+// failing, operations still complete (the reaper looks at the completion
+// queue anyway) and the reaper does not spin on the error.
+func TestIOUringReaperSurvivesEventfdErrors(t *testing.T) {
+	var ev *failingEvents
+	wrapUringEvents = func(s eventSource) eventSource {
+		ev = &failingEvents{eventSource: s}
+		return ev
+	}
+	defer func() { wrapUringEvents = nil }()
+	d := openRing(t, 16*PageSize)
+	before := d.ring.submitted.Load()
+	want := patterned(PageSize, 3*PageSize, 9)
+	start := time.Now()
+	if _, err := d.WriteAt(want, 3*PageSize); err != nil {
+		t.Fatal(err)
+	}
+	buf := AlignedBuffer(PageSize)
+	if _, err := d.ReadAt(buf, 3*PageSize); err != nil {
+		t.Fatal(err)
+	}
+	checkBytes(t, "block 3", buf, want)
+	if got := d.ring.submitted.Load() - before; got != 2 {
+		t.Fatalf("%d operations through the ring, want 2", got)
+	}
+	// A reaper spinning on the error reads millions of times a second;
+	// one that pauses reads at most once per uringReapPollPause.
+	if n, most := ev.reads.Load(), int64(time.Since(start)/uringReapPollPause)+10; n > most {
+		t.Fatalf("%d failed eventfd reads in %v: the reaper spins on the error (at most %d)", n, time.Since(start), most)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
 
