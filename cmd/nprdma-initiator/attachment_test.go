@@ -27,6 +27,7 @@ import (
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/initiator/attach"
+	"github.com/nprdma/nprdma/internal/fiotest"
 	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/target"
@@ -317,23 +318,8 @@ func fioVerify(t *testing.T, target ...string) {
 		"--size=32m", "--offset_increment=32m", "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0",
 		"--group_reporting", "--output-format=json"}, target...)
 	out := runTool(t, "fio", args...)
-	var res struct {
-		Jobs []struct {
-			Error int `json:"error"`
-			Read  struct {
-				IOBytes int64 `json:"io_bytes"`
-			} `json:"read"`
-			Write struct {
-				IOBytes int64 `json:"io_bytes"`
-			} `json:"write"`
-		} `json:"jobs"`
-	}
-	if err := json.Unmarshal([]byte(out[strings.IndexByte(out, '{'):]), &res); err != nil || len(res.Jobs) != 1 {
-		t.Fatalf("fio output: %v\n%s", err, out)
-	}
-	j := res.Jobs[0]
-	if j.Error != 0 || j.Write.IOBytes != 64<<20 || j.Read.IOBytes != 64<<20 {
-		t.Fatalf("fio: error %d, wrote %d, verified %d bytes; want 64 MiB each", j.Error, j.Write.IOBytes, j.Read.IOBytes)
+	if err := fiotest.CheckVerify([]byte(out), 64<<20); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -3,7 +3,6 @@ package fuseblk
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nprdma/nprdma/initiator/blockio"
+	"github.com/nprdma/nprdma/internal/fiotest"
 	"github.com/nprdma/nprdma/internal/mountinfo"
 )
 
@@ -207,22 +207,8 @@ func TestFioVerifyOnLoopDevice(t *testing.T) {
 		"--size=8M", "--offset_increment=16M",
 		"--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_state_save=0",
 		"--group_reporting", "--output-format=json")
-	var res struct {
-		Jobs []struct {
-			Error int `json:"error"`
-			Write struct {
-				IOBytes int64 `json:"io_bytes"`
-			} `json:"write"`
-			Read struct {
-				IOBytes int64 `json:"io_bytes"`
-			} `json:"read"`
-		} `json:"jobs"`
-	}
-	if err := json.Unmarshal([]byte(out[strings.IndexByte(out, '{'):]), &res); err != nil || len(res.Jobs) != 1 {
-		t.Fatalf("fio output: %v\n%s", err, out)
-	}
-	if j := res.Jobs[0]; j.Error != 0 || j.Write.IOBytes != 16<<20 || j.Read.IOBytes != 16<<20 {
-		t.Fatalf("fio: error %d, wrote %d, verified %d bytes; want 0 and 16 MiB each", j.Error, j.Write.IOBytes, j.Read.IOBytes)
+	if err := fiotest.CheckVerify([]byte(out), 16<<20); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/initiator/blockio"
+	"github.com/nprdma/nprdma/internal/fiotest"
 )
 
 func requireTool(t *testing.T, name string) string {
@@ -172,23 +173,8 @@ func TestFioVerifyThroughNBD(t *testing.T) {
 				fmt.Sprintf("--size=%d", region), fmt.Sprintf("--offset_increment=%d", region),
 				"--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_state_save=0",
 				"--group_reporting", "--output-format=json")
-			var res struct {
-				Jobs []struct {
-					Error int `json:"error"`
-					Write struct {
-						IOBytes int64 `json:"io_bytes"`
-					} `json:"write"`
-					Read struct {
-						IOBytes int64 `json:"io_bytes"`
-					} `json:"read"`
-				} `json:"jobs"`
-			}
-			if err := json.Unmarshal(out[bytes.IndexByte(out, '{'):], &res); err != nil || len(res.Jobs) != 1 {
-				t.Fatalf("fio output: %v\n%s", err, out)
-			}
-			j := res.Jobs[0]
-			if j.Error != 0 || j.Write.IOBytes != 2*region || j.Read.IOBytes != 2*region {
-				t.Fatalf("fio: error %d, wrote %d, verified %d bytes; want 0, %d, %d", j.Error, j.Write.IOBytes, j.Read.IOBytes, 2*region, 2*region)
+			if err := fiotest.CheckVerify(out, 2*region); err != nil {
+				t.Fatal(err)
 			}
 		})
 	}
