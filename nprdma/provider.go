@@ -126,6 +126,31 @@ type Receiver interface {
 	LinkDown(err error)
 }
 
+// PayloadExpecter is implemented by a Receiver that can name the packet it
+// expects next and where that packet's payload lands. A provider may then
+// read the packet's header and payload with one system call, the payload
+// straight into place, before it knows whether the guess was right.
+type PayloadExpecter interface {
+	// ExpectPayload fills e with the packet expected next, if that is a
+	// response whose payload is at least min bytes. e.Dst is memory that
+	// the expected packet overwrites whatever else arrives first (a READ's
+	// own destination): a provider may write into it before it has checked
+	// the header, and reads again from the stream whatever a wrong guess put
+	// there. It stays valid until the packet is delivered or the link fails:
+	// only the goroutine that delivers completes the request it belongs to.
+	ExpectPayload(min int, e *ExpectedPayload) bool
+}
+
+// ExpectedPayload is a packet a Receiver expects next (PayloadExpecter).
+type ExpectedPayload struct {
+	Header Header
+	// Src is the payload's address at the sender: the sender pads the
+	// stream so that the payload keeps its source's alignment.
+	Src uint64
+	// Dst is where the first len(Dst) bytes of the payload land.
+	Dst []byte
+}
+
 // Payload is the payload of the packet being delivered.
 type Payload interface {
 	// Read fills dst with the next len(dst) bytes of the payload.

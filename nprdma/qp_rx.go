@@ -409,6 +409,38 @@ func (qp *QP) onReadResponse(h *Header, p Payload) error {
 	return nil
 }
 
+// ExpectPayload implements PayloadExpecter: a READ's response is expected
+// when the READ is the oldest request outstanding (no acknowledgement of an
+// earlier one is due first) and awaits at least min bytes. The guess is its
+// whole rest in one segment, as a pinned region answers.
+func (qp *QP) ExpectPayload(least int, e *ExpectedPayload) bool {
+	if qp.State() != QPStateRTS {
+		return false
+	}
+	sq := &qp.sq
+	sq.mu.Lock()
+	defer sq.mu.Unlock()
+	if sq.count == 0 || sq.sent == 0 {
+		return false
+	}
+	rec := &sq.ring[sq.head]
+	rest := rec.length - rec.received
+	if rec.op != OpRead || rec.err != StatusSuccess || int(rest) < least {
+		return false
+	}
+	off := int(rec.received)
+	for _, s := range rec.segs {
+		if off < len(s) {
+			e.Dst = s[off:min(len(s), off+int(rest))]
+			e.Header = Header{Kind: PacketReadResponse, Seq: rec.seq, Len: rest, Offset: rec.received, Last: true}
+			e.Src = rec.raddr + uint64(rec.received)
+			return true
+		}
+		off -= len(s)
+	}
+	return false
+}
+
 // scatter reads n payload bytes into the concatenation of segs, starting at
 // byte off of it.
 func scatter(p Payload, segs [][]byte, off, n int) error {

@@ -49,6 +49,8 @@ type link struct {
 	dead     bool
 	iov      []unix.Iovec
 	wpayload payload
+	exp      expectState
+	origin   uint64 // the reader's position where data frames begin (after the handshake)
 
 	startOnce sync.Once
 	abortCh   chan struct{} // closed by abort
@@ -121,7 +123,9 @@ func newLink(p *Provider, nc *net.TCPConn, rd *reader) (*link, error) {
 	l.rcv.wake = make(chan struct{}, 1)
 	l.cr = &connReader{nc: nc, rx: &l.rcv, stalled: p.stalledFrame}
 	l.cr.sp.rc, l.cr.sp.fn = rc, l.cr.sp.read
+	l.cr.vec.fn = l.cr.vec.read
 	rd.src = l.cr
+	l.origin = rd.position()
 	if !p.addLink(l) {
 		nc.Close()
 		return nil, errCrashed
@@ -133,6 +137,7 @@ func newLink(p *Provider, nc *net.TCPConn, rd *reader) (*link, error) {
 func (l *link) Start(r nprdma.Receiver) {
 	l.startOnce.Do(func() {
 		l.rx = r
+		l.exp.ex, _ = r.(nprdma.PayloadExpecter)
 		go l.readLoop()
 	})
 }
@@ -405,6 +410,9 @@ var (
 type payload struct {
 	rd        *reader
 	remaining int
+	// placed: the payload's first bytes, which a guessed read put in place
+	// (readExpected); they come before anything buffered.
+	placed []byte
 }
 
 func (p *payload) Read(dst []byte) error {
@@ -412,6 +420,10 @@ func (p *payload) Read(dst []byte) error {
 		return fmt.Errorf("tcp: reading %d payload bytes, %d left", len(dst), p.remaining)
 	}
 	p.remaining -= len(dst)
+	dst = dst[p.takePlaced(dst):]
+	if len(dst) == 0 {
+		return nil
+	}
 	return p.rd.readFull(dst)
 }
 
@@ -420,22 +432,51 @@ func (p *payload) Discard(n int) error {
 		return fmt.Errorf("tcp: discarding %d payload bytes, %d left", n, p.remaining)
 	}
 	p.remaining -= n
-	return p.rd.discard(n)
+	k := min(n, len(p.placed))
+	p.placed = p.placed[k:]
+	if len(p.placed) == 0 {
+		p.placed = nil
+	}
+	return p.rd.discard(n - k)
 }
 
 // reader is a buffered reader that reads large payloads directly into their
 // destination.
 type reader struct {
-	src  io.Reader
-	buf  []byte
-	r, w int
+	src   io.Reader
+	buf   []byte
+	home  []byte // buf as made; a wrong guess may lend a larger one (push)
+	r, w  int
+	taken uint64 // bytes taken from src
 }
 
 // directRead: a payload remainder at least this large skips the buffer.
 const directRead = 32 << 10
 
 func newReader(src io.Reader, size int) *reader {
-	return &reader{src: src, buf: make([]byte, size)}
+	buf := make([]byte, size)
+	return &reader{src: src, buf: buf, home: buf}
+}
+
+// position is the stream offset of the next byte to be consumed.
+func (r *reader) position() uint64 { return r.taken - uint64(r.w-r.r) }
+
+// rewind starts an empty buffer over at its beginning, in the buffer it was
+// made with.
+func (r *reader) rewind() {
+	r.r, r.w = 0, 0
+	r.buf = r.home
+}
+
+// push appends b, bytes taken from the stream elsewhere, to the buffered
+// ones, in a larger buffer if they do not fit.
+func (r *reader) push(b []byte) {
+	if len(r.buf)-r.w < len(b) {
+		buf := make([]byte, max(len(r.home), r.w-r.r+len(b)))
+		r.w = copy(buf, r.buf[r.r:r.w])
+		r.r, r.buf = 0, buf
+	}
+	r.w += copy(r.buf[r.w:], b)
 }
 
 func (r *reader) buffered() int { return r.w - r.r }
@@ -456,10 +497,10 @@ func (r *reader) fillAtMost(n, limit int) error {
 	if limit <= 0 || r.w-r.r >= n {
 		return r.fill(n)
 	}
-	full := r.buf
 	if r.r == r.w {
-		r.r, r.w = 0, 0
+		r.rewind()
 	}
+	full := r.buf
 	if end := r.w + max(limit, n); end < len(r.buf) {
 		r.buf = r.buf[:end]
 	}
@@ -476,7 +517,7 @@ func (r *reader) fill(n int) error {
 		return fmt.Errorf("%w: %d bytes needed at once, more than the %d-byte read buffer", errFrame, n, len(r.buf))
 	}
 	if r.r == r.w {
-		r.r, r.w = 0, 0
+		r.rewind()
 	}
 	if len(r.buf)-r.r < n {
 		copy(r.buf, r.buf[r.r:r.w])
@@ -486,6 +527,7 @@ func (r *reader) fill(n int) error {
 	for r.w-r.r < n {
 		k, err := r.src.Read(r.buf[r.w:])
 		r.w += k
+		r.taken += uint64(k)
 		if err != nil {
 			if r.w-r.r >= n {
 				return nil
@@ -505,7 +547,8 @@ func (r *reader) readFull(dst []byte) error {
 	dst = dst[k:]
 	for len(dst) > 0 {
 		if len(dst) >= directRead {
-			_, err := io.ReadFull(r.src, dst)
+			k, err := io.ReadFull(r.src, dst)
+			r.taken += uint64(k)
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
 			}

@@ -75,9 +75,10 @@ func nanotime() int64 { return int64(time.Since(epoch)) }
 // delivered: in the middle of a frame the read is retried. A busy-polling
 // driver's reads first spin with non-blocking reads (spin).
 type connReader struct {
-	nc *net.TCPConn
-	rx *rxState
-	sp spinRead
+	nc  *net.TCPConn
+	rx  *rxState
+	sp  spinRead
+	vec vecRead
 	// stalled bounds the rest of a frame after an interruption; finishing:
 	// the driver's interrupted frame is being finished under that bound
 	// (until the driver stops, at the frame's end).
@@ -93,6 +94,7 @@ type spinRead struct {
 	until int64           // nanotime to stop spinning; 0: do not spin
 	ctx   context.Context // the driver's
 	p     []byte
+	vec   *vecRead // set: a readv instead of a read into p
 	n     int
 	err   error
 	got   bool          // a read returned data, the end of the stream or an error
@@ -107,21 +109,34 @@ func (c *connReader) Read(p []byte) (int, error) {
 	}
 	for {
 		n, err := c.nc.Read(p)
-		if err == nil || n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		if err == nil || n > 0 {
 			return n, err
 		}
-		if c.rx.boundary {
-			return 0, errInterrupted
+		if err = c.deadlinePassed(err); err != nil {
+			return 0, err
 		}
-		if c.finishing {
-			return 0, fmt.Errorf("%w: the peer sent nothing for %v in the middle of a frame", nprdma.ErrPeerLost, c.stalled)
-		}
-		// In the middle of a frame: finish it first, within the stalled
-		// frame timeout. The driver checks its context again at the next
-		// boundary (and the deadline goes when it stops: interrupter).
-		c.finishing = true
-		c.nc.SetReadDeadline(time.Now().Add(c.stalled))
 	}
+}
+
+// deadlinePassed handles a read that returned nothing and err: nil when the
+// read is to be retried (an interrupted driver in the middle of a frame),
+// else the error to return.
+func (c *connReader) deadlinePassed(err error) error {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return err
+	}
+	if c.rx.boundary {
+		return errInterrupted
+	}
+	if c.finishing {
+		return fmt.Errorf("%w: the peer sent nothing for %v in the middle of a frame", nprdma.ErrPeerLost, c.stalled)
+	}
+	// In the middle of a frame: finish it first, within the stalled frame
+	// timeout. The driver checks its context again at the next boundary
+	// (and the deadline goes when it stops: interrupter).
+	c.finishing = true
+	c.nc.SetReadDeadline(time.Now().Add(c.stalled))
+	return nil
 }
 
 // spin reads with non-blocking reads until one returns something (ok) or
@@ -145,7 +160,13 @@ func (c *connReader) spin(p []byte) (n int, err error, ok bool) {
 
 func (sp *spinRead) read(fd uintptr) bool {
 	for i := 1; ; i++ {
-		n, err := unix.Read(int(fd), sp.p)
+		var n int
+		var err error
+		if sp.vec != nil {
+			n, err = sp.vec.once(fd)
+		} else {
+			n, err = unix.Read(int(fd), sp.p)
+		}
 		switch {
 		case err == nil:
 			sp.n, sp.got = n, true
@@ -231,7 +252,10 @@ func (l *link) receive(d *drive) error {
 			// read little ahead, so that its payload goes straight to its
 			// destination rather than through the buffer.
 			r.boundary = true
-			err := rd.fillAtMost(1, readAhead(r.lastPayload))
+			read, err := l.readExpected()
+			if !read && err == nil {
+				err = rd.fillAtMost(1, readAhead(r.lastPayload))
+			}
 			r.boundary = false
 			if err != nil {
 				return err
@@ -270,7 +294,7 @@ func (l *link) receive(d *drive) error {
 		rd.consume(n)
 		pl.remaining = h.PayloadLen()
 		r.lastPayload = pl.remaining
-		if pl.remaining > rd.buffered() {
+		if pl.remaining > len(pl.placed)+rd.buffered() {
 			l.rx.Idle() // about to wait for the payload: flush responses first
 		}
 		err := l.rx.Deliver(h, pl)
@@ -279,6 +303,9 @@ func (l *link) receive(d *drive) error {
 		}
 		if err != nil {
 			return err
+		}
+		if pl.placed != nil {
+			return fmt.Errorf("tcp: %d payload bytes placed by a guessed read were not delivered", len(pl.placed))
 		}
 	}
 }

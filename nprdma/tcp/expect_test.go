@@ -1,0 +1,245 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nprdma/nprdma/nprdma"
+)
+
+// scriptedRx is a receiver that expects READ responses from a list, in
+// order, and records every packet delivered with its payload.
+type scriptedRx struct {
+	mu        sync.Mutex
+	expect    []nprdma.ExpectedPayload // the head is expected next
+	delivered chan delivery
+	down      chan error
+}
+
+type delivery struct {
+	h    nprdma.Header
+	data []byte
+}
+
+func (r *scriptedRx) ExpectPayload(least int, e *nprdma.ExpectedPayload) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.expect) == 0 || int(r.expect[0].Header.Len) < least {
+		return false
+	}
+	*e = r.expect[0]
+	return true
+}
+
+func (r *scriptedRx) Deliver(h *nprdma.Header, p nprdma.Payload) error {
+	var data []byte
+	r.mu.Lock()
+	if len(r.expect) > 0 && h.Kind == nprdma.PacketReadResponse && h.Seq == r.expect[0].Header.Seq {
+		data = r.expect[0].Dst[:h.Len] // the READ's destination, as a QP's
+		r.expect = r.expect[1:]
+	} else {
+		data = make([]byte, h.PayloadLen())
+	}
+	r.mu.Unlock()
+	if err := p.Read(data); err != nil {
+		return err
+	}
+	r.delivered <- delivery{h: *h, data: bytes.Clone(data)}
+	return nil
+}
+
+func (r *scriptedRx) Idle()              {}
+func (r *scriptedRx) LinkDown(err error) { r.down <- err }
+
+// frameWriter writes frames as a link's writer lays them out: a payload of
+// alignPayload bytes or more at its source's address mod alignTo, every
+// write ending on a multiple of alignTo.
+type frameWriter struct {
+	c   net.Conn
+	pos int
+}
+
+func (w *frameWriter) frame(t *testing.T, h *nprdma.Header, src uint64, payload []byte) []byte {
+	t.Helper()
+	var b []byte
+	if len(payload) >= alignPayload {
+		if k := padFor(w.pos, int(src)-payloadOffset(h)); k > 0 {
+			b = appendPad(b, k)
+		}
+	}
+	b = append(appendHeader(b, h), payload...)
+	w.pos += len(b)
+	return b
+}
+
+// end ends a write on a multiple of alignTo, as a link's writes do.
+func (w *frameWriter) end(b []byte) []byte {
+	if k := padFor(w.pos, 0); k > 0 {
+		b = appendPad(b, k)
+		w.pos += k
+	}
+	return b
+}
+
+func (w *frameWriter) write(t *testing.T, b []byte) {
+	t.Helper()
+	if _, err := w.c.Write(b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A guessed read places the expected READ response's payload straight in
+// its destination; when something else arrives first, what the guess put
+// in the destination is read again from the stream and every frame is
+// delivered intact; a frame arriving in pieces is read as usual.
+func TestExpectedResponseReadInPlace(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cli, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	srv, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 96 << 10
+	dst := make([][]byte, 5)
+	payload := make([][]byte, 5)
+	rx := &scriptedRx{delivered: make(chan delivery, 8), down: make(chan error, 1)}
+	for i := range dst {
+		dst[i], payload[i] = make([]byte, size), make([]byte, size)
+		rand.Read(payload[i])
+		rx.expect = append(rx.expect, nprdma.ExpectedPayload{
+			Header: nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: uint32(10 + i), Len: size, Last: true},
+			Src:    0x7f0000001000 + uint64(24*(i/4)), // the last one padded differently
+			Dst:    dst[i],
+		})
+	}
+	exps := append([]nprdma.ExpectedPayload(nil), rx.expect...)
+	l, err := newLink(New(), srv.(*net.TCPConn), newReader(srv, 64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Start(rx)
+	defer func() {
+		l.Abort()
+		<-rx.down
+	}()
+	w := &frameWriter{c: cli}
+	resp := func(i int) []byte { return w.frame(t, &exps[i].Header, exps[i].Src, payload[i]) }
+	want := func(kind nprdma.PacketKind, seq uint32, data []byte) {
+		t.Helper()
+		select {
+		case d := <-rx.delivered:
+			if d.h.Kind != kind || d.h.Seq != seq || !bytes.Equal(d.data, data) {
+				t.Fatalf("delivered %s %d (%d bytes), want %s %d with its %d bytes", d.h.Kind, d.h.Seq, len(d.data), kind, seq, len(data))
+			}
+		case err := <-rx.down:
+			t.Fatalf("link down: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s %d not delivered", kind, seq)
+		}
+	}
+
+	// 1. As expected.
+	w.write(t, w.end(resp(0)))
+	want(nprdma.PacketReadResponse, 10, payload[0])
+	if !bytes.Equal(dst[0], payload[0]) {
+		t.Fatal("READ 10's destination does not hold its payload")
+	}
+	// 2. In pieces: the guessed read gets part of the header only.
+	b := w.end(resp(1))
+	w.write(t, b[:5])
+	time.Sleep(20 * time.Millisecond)
+	w.write(t, b[5:])
+	want(nprdma.PacketReadResponse, 11, payload[1])
+	// 3. A SEND first: the guess is wrong. 4. The next boundary does not
+	// guess.
+	send := make([]byte, 40<<10)
+	rand.Read(send)
+	w.write(t, w.end(append(w.frame(t, &nprdma.Header{Kind: nprdma.PacketSend, Seq: 3, Len: uint32(len(send))}, 0x1000, send), resp(2)...)))
+	want(nprdma.PacketSend, 3, send)
+	want(nprdma.PacketReadResponse, 12, payload[2])
+	w.write(t, w.end(resp(3)))
+	want(nprdma.PacketReadResponse, 13, payload[3])
+	// 5. As expected again.
+	w.write(t, w.end(resp(4)))
+	want(nprdma.PacketReadResponse, 14, payload[4])
+	for i := range dst {
+		if !bytes.Equal(dst[i], payload[i]) {
+			t.Fatalf("READ %d's destination does not hold its payload", 10+i)
+		}
+	}
+	if hits, wrong := l.exp.hits.Load(), l.exp.wrong.Load(); hits < 2 || hits > 3 || wrong != 1 {
+		t.Fatalf("%d guesses right and %d wrong, want 2 (3 if the pieces came together) and exactly 1", hits, wrong)
+	}
+}
+
+// Over queue pairs, large READs at queue depth 1 and 8 land in place with
+// one read each, through one segment or several, from any alignment: every
+// guess right, every byte where it belongs.
+func TestLargeReadsLandInPlace(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := newDirectPair(t, nil, nil)
+	l := onlyLink(t, p.cliProv)
+	const size = 128 << 10
+	reads := 0
+	for _, off := range []struct{ local, remote int }{{0, 0}, {64, 4096}, {100, 3}, {4096 + 8, 1 << 20}} {
+		for range 10 {
+			reads++
+			clear(p.lbuf[:off.local+size])
+			if err := p.cli.PostSend(nprdma.SendWR{ID: uint64(reads), Op: nprdma.OpRead, Signaled: true,
+				SG:         []nprdma.SGE{p.lmr.SGE(off.local, size/4), p.lmr.SGE(off.local+size/4, size-size/4)},
+				RemoteAddr: p.rmr.Addr() + uint64(off.remote), RKey: p.rmr.RKey()}); err != nil {
+				t.Fatal(err)
+			}
+			waitOne(t, ctx, p.cliSCQ, uint64(reads), nprdma.OpRead)
+			if !bytes.Equal(p.lbuf[off.local:off.local+size], p.rbuf[off.remote:off.remote+size]) {
+				t.Fatalf("READ of [%d, +%d) into %d: wrong bytes", off.remote, size, off.local)
+			}
+		}
+	}
+	const qd = 8
+	wcs := make([]nprdma.WC, qd)
+	for round := range 5 {
+		clear(p.lbuf[:qd*size])
+		for i := range qd {
+			if err := p.cli.PostSend(nprdma.SendWR{ID: uint64(i), Op: nprdma.OpRead, Signaled: true, SG: []nprdma.SGE{p.lmr.SGE(i*size, size)},
+				RemoteAddr: p.rmr.Addr() + uint64((round*qd+i)*size), RKey: p.rmr.RKey()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for got := 0; got < qd; {
+			n, err := p.cliSCQ.Wait(ctx, wcs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, wc := range wcs[:n] {
+				if wc.Status != nprdma.StatusSuccess {
+					t.Fatalf("READ %d: %s", wc.ID, wc.Status)
+				}
+			}
+			got += n
+		}
+		if !bytes.Equal(p.lbuf[:qd*size], p.rbuf[round*qd*size:(round+1)*qd*size]) {
+			t.Fatalf("round %d of %d READs: wrong bytes", round, qd)
+		}
+		reads += qd
+	}
+	hits, wrong := l.exp.hits.Load(), l.exp.wrong.Load()
+	t.Logf("%d READs: %d guessed reads placed payload, %d guesses wrong", reads, hits, wrong)
+	if wrong != 0 || hits < uint64(reads)/2 {
+		t.Fatalf("%d guesses right and %d wrong over %d READs, want at least half right and none wrong", hits, wrong, reads)
+	}
+}
