@@ -131,13 +131,15 @@ type Receiver interface {
 // read the packet's header and payload with one system call, the payload
 // straight into place, before it knows whether the guess was right.
 type PayloadExpecter interface {
-	// ExpectPayload fills e with the packet expected next, if that is a
-	// response whose payload is at least min bytes. e.Dst is memory that
-	// the expected packet overwrites whatever else arrives first (a READ's
-	// own destination): a provider may write into it before it has checked
-	// the header, and reads again from the stream whatever a wrong guess put
-	// there. It stays valid until the packet is delivered or the link fails:
-	// only the goroutine that delivers completes the request it belongs to.
+	// ExpectPayload fills e with the packet expected next, if its payload
+	// is at least min bytes. e.Dst is memory that the queue pair gave the
+	// network to write (a READ's own destination, a posted receive buffer):
+	// a provider may write into it before it has checked the header, and
+	// reads again from the stream whatever a wrong guess put there, so a
+	// receive buffer may hold such bytes past the message it finally
+	// receives. It stays valid until the packet is delivered or the link
+	// fails: only the goroutine that delivers completes the request or
+	// receive it belongs to.
 	ExpectPayload(min int, e *ExpectedPayload) bool
 }
 
@@ -145,8 +147,11 @@ type PayloadExpecter interface {
 type ExpectedPayload struct {
 	Header Header
 	// Src is the payload's address at the sender: the sender pads the
-	// stream so that the payload keeps its source's alignment.
-	Src uint64
+	// stream so that the payload keeps its source's alignment. SrcUnknown:
+	// the receiver cannot know it (a SEND's), and the provider goes by the
+	// last packet of the kind.
+	Src        uint64
+	SrcUnknown bool
 	// Dst is where the first len(Dst) bytes of the payload land.
 	Dst []byte
 }

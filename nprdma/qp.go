@@ -138,6 +138,7 @@ type recvRecord struct {
 
 type responder struct {
 	expected uint32 // sequence number of the next request
+	lastSend uint32 // length of the last SEND received (the next one's guess)
 	nakMode  bool   // an RNR NAK was sent: drop requests until expected returns
 	pkts     []Packet
 	refs     [][]byte

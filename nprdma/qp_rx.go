@@ -178,6 +178,7 @@ func (qp *QP) onSend(h *Header, p Payload) error {
 	qp.completeRecv(WC{Status: StatusSuccess, Op: OpRecv, ByteLen: h.Len, Imm: h.Imm, HasImm: h.HasImm})
 	qp.owe(qp.rs.expected)
 	qp.rs.expected++
+	qp.rs.lastSend = h.Len
 	return nil
 }
 
@@ -409,14 +410,32 @@ func (qp *QP) onReadResponse(h *Header, p Payload) error {
 	return nil
 }
 
-// ExpectPayload implements PayloadExpecter: a READ's response is expected
+// ExpectPayload implements PayloadExpecter. A READ's response is expected
 // when the READ is the oldest request outstanding (no acknowledgement of an
-// earlier one is due first) and awaits at least min bytes. The guess is its
-// whole rest in one segment, as a pinned region answers.
+// earlier one is due first): its whole rest in one segment, as a pinned
+// region answers. Otherwise the peer's next SEND, as long as the last one,
+// into the receive buffer posted first.
 func (qp *QP) ExpectPayload(least int, e *ExpectedPayload) bool {
 	if qp.State() != QPStateRTS {
 		return false
 	}
+	if qp.expectReadResponse(least, e) {
+		return true
+	}
+	n := qp.rs.lastSend
+	if int(n) < least || qp.rs.nakMode {
+		return false
+	}
+	rec := qp.peekRecv()
+	if rec == nil || rec.err != StatusSuccess || uint64(n) > rec.capacity || len(rec.segs) == 0 {
+		return false
+	}
+	*e = ExpectedPayload{Header: Header{Kind: PacketSend, Seq: qp.rs.expected, Len: n}, SrcUnknown: true,
+		Dst: rec.segs[0][:min(len(rec.segs[0]), int(n))]}
+	return true
+}
+
+func (qp *QP) expectReadResponse(least int, e *ExpectedPayload) bool {
 	sq := &qp.sq
 	sq.mu.Lock()
 	defer sq.mu.Unlock()
@@ -431,9 +450,8 @@ func (qp *QP) ExpectPayload(least int, e *ExpectedPayload) bool {
 	off := int(rec.received)
 	for _, s := range rec.segs {
 		if off < len(s) {
-			e.Dst = s[off:min(len(s), off+int(rest))]
-			e.Header = Header{Kind: PacketReadResponse, Seq: rec.seq, Len: rest, Offset: rec.received, Last: true}
-			e.Src = rec.raddr + uint64(rec.received)
+			*e = ExpectedPayload{Header: Header{Kind: PacketReadResponse, Seq: rec.seq, Len: rest, Offset: rec.received, Last: true},
+				Src: rec.raddr + uint64(rec.received), Dst: s[off:min(len(s), off+int(rest))]}
 			return true
 		}
 		off -= len(s)

@@ -243,3 +243,45 @@ func TestLargeReadsLandInPlace(t *testing.T) {
 		t.Fatalf("%d guesses right and %d wrong over %d READs, want at least half right and none wrong", hits, wrong, reads)
 	}
 }
+
+// A stream of large SENDs lands in the receive buffers with one read each
+// once the first has shown the length and the sender's alignment; a SEND
+// of another length is a wrong guess and arrives intact all the same.
+func TestLargeSendsLandInPlace(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := newDirectPair(t, nil, nil)
+	l := onlyLink(t, p.srvProv)
+	lengths := []int{128 << 10, 128 << 10, 128 << 10, 128 << 10, 96 << 10, 96 << 10, 96 << 10, 40 << 10, 128 << 10, 128 << 10}
+	const slot = 128 << 10
+	for i := range lengths {
+		if err := p.srv.PostRecv(nprdma.RecvWR{ID: uint64(i), SG: []nprdma.SGE{p.rmr.SGE(i*slot, slot)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, n := range lengths {
+		src := p.lbuf[i*slot : i*slot+n]
+		rand.Read(src)
+		if err := p.cli.PostSend(nprdma.SendWR{ID: uint64(i), Op: nprdma.OpSend, Signaled: true, SG: []nprdma.SGE{p.lmr.SGE(i*slot, n)}}); err != nil {
+			t.Fatal(err)
+		}
+		waitOne(t, ctx, p.cliSCQ, uint64(i), nprdma.OpSend)
+		wcs := make([]nprdma.WC, 1)
+		if _, err := p.srvRCQ.Wait(ctx, wcs); err != nil {
+			t.Fatal(err)
+		}
+		if wc := wcs[0]; wc.ID != uint64(i) || wc.Status != nprdma.StatusSuccess || wc.ByteLen != uint32(n) {
+			t.Fatalf("receive %+v (%s), want id %d success with %d bytes", wc, wc.Status, i, n)
+		}
+		if !bytes.Equal(p.rbuf[i*slot:i*slot+n], src) {
+			t.Fatalf("SEND %d of %d bytes: wrong bytes received", i, n)
+		}
+	}
+	hits, wrong := l.exp.hits.Load(), l.exp.wrong.Load()
+	t.Logf("%d SENDs: %d guessed reads placed payload, %d guesses wrong", len(lengths), hits, wrong)
+	// Guessed: every SEND after the first, but for the one after each
+	// change of length (paused after a wrong guess).
+	if hits < 4 || wrong < 1 || wrong > 3 {
+		t.Fatalf("%d guesses right and %d wrong, want at least 4 right and 1 to 3 wrong", hits, wrong)
+	}
+}

@@ -294,6 +294,9 @@ func (l *link) receive(d *drive) error {
 		rd.consume(n)
 		pl.remaining = h.PayloadLen()
 		r.lastPayload = pl.remaining
+		if h.Kind == nprdma.PacketSend && pl.remaining >= alignPayload {
+			l.exp.sendSrc = (rd.position() - uint64(len(pl.placed)) - l.origin) % alignTo
+		}
 		if pl.remaining > len(pl.placed)+rd.buffered() {
 			l.rx.Idle() // about to wait for the payload: flush responses first
 		}
