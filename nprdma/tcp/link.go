@@ -547,12 +547,7 @@ func (r *reader) readFull(dst []byte) error {
 	dst = dst[k:]
 	for len(dst) > 0 {
 		if len(dst) >= directRead {
-			k, err := io.ReadFull(r.src, dst)
-			r.taken += uint64(k)
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return err
+			return r.readDirect(dst)
 		}
 		if err := r.fill(1); err != nil {
 			if err == io.EOF {
@@ -563,6 +558,42 @@ func (r *reader) readFull(dst []byte) error {
 		k := copy(dst, r.buf[r.r:r.w])
 		r.r += k
 		dst = dst[k:]
+	}
+	return nil
+}
+
+// vectorReader reads into two buffers with one system call (connReader).
+type vectorReader interface {
+	readv(p, q []byte) (int, error)
+}
+
+// readDirect reads dst straight from the source, the buffer being empty,
+// and with the same system call up to readAhead's bytes of what follows
+// into the buffer: with operations queued, the next frame's header comes
+// with this payload rather than with a read of its own.
+func (r *reader) readDirect(dst []byte) error {
+	v, ok := r.src.(vectorReader)
+	if !ok {
+		k, err := io.ReadFull(r.src, dst)
+		r.taken += uint64(k)
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	r.rewind()
+	ahead := r.buf[:min(len(r.buf), readAhead(len(dst)))]
+	for len(dst) > 0 {
+		n, err := v.readv(dst, ahead)
+		r.taken += uint64(n)
+		k := min(n, len(dst))
+		dst, r.w = dst[k:], n-k
+		if err != nil && len(dst) > 0 {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
 	}
 	return nil
 }
