@@ -12,7 +12,9 @@ import (
 // TestHotPathAllocations checks that a READ, a WRITE and a SEND with its
 // receive, from post to completion, allocate nothing in the steady state
 // (counted over every goroutine, the connection's own included), with
-// blocking and with busy-polling completion queues.
+// blocking and with busy-polling completion queues, small (through the
+// read buffer) and large (read into place, a READ's response and a SEND
+// guessed).
 func TestHotPathAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
@@ -30,8 +32,9 @@ func testHotPathAllocations(t *testing.T, cqOpts ...nprdma.CQOption) {
 	cq, rcq := cliDev.NewCQ(64, cqOpts...), srvDev.NewCQ(64, cqOpts...)
 	cli, _ := cpd.NewQP(nprdma.QPConfig{SendCQ: cq})
 	srv, _ := spd.NewQP(nprdma.QPConfig{SendCQ: srvDev.NewCQ(16), RecvCQ: rcq})
-	lbuf, _ := nprdma.AllocBuffer(8192)
-	rbuf, _ := nprdma.AllocBuffer(8192)
+	const large = 128 << 10
+	lbuf, _ := nprdma.AllocBuffer(8192 + large)
+	rbuf, _ := nprdma.AllocBuffer(8192 + 2*large)
 	defer nprdma.FreeBuffer(lbuf)
 	defer nprdma.FreeBuffer(rbuf)
 	lmr, _ := cpd.Register(lbuf, nprdma.AccessLocalWrite)
@@ -50,10 +53,15 @@ func testHotPathAllocations(t *testing.T, cqOpts ...nprdma.CQOption) {
 	write := []nprdma.SendWR{{Op: nprdma.OpWrite, SG: []nprdma.SGE{lmr.SGE(0, 4096)}, RemoteAddr: rmr.Addr() + 4096, RKey: rmr.RKey(), Signaled: true}}
 	send := []nprdma.SendWR{{Op: nprdma.OpSend, SG: []nprdma.SGE{lmr.SGE(4096, 512)}, Signaled: true}}
 	recv := []nprdma.RecvWR{{SG: []nprdma.SGE{rmr.SGE(0, 512)}}}
+	readLarge := []nprdma.SendWR{{Op: nprdma.OpRead, SG: []nprdma.SGE{lmr.SGE(8192, large)}, RemoteAddr: rmr.Addr() + 8192, RKey: rmr.RKey(), Signaled: true}}
+	writeLarge := []nprdma.SendWR{{Op: nprdma.OpWrite, SG: []nprdma.SGE{lmr.SGE(8192, large)}, RemoteAddr: rmr.Addr() + 8192 + large, RKey: rmr.RKey(), Signaled: true}}
+	sendLarge := []nprdma.SendWR{{Op: nprdma.OpSend, SG: []nprdma.SGE{lmr.SGE(8192, large)}, Signaled: true}}
+	recvLarge := []nprdma.RecvWR{{SG: []nprdma.SGE{rmr.SGE(8192, large)}}}
 	wcs := make([]nprdma.WC, 4)
 	op := func() {
 		srv.PostRecv(recv...)
-		for _, wr := range [][]nprdma.SendWR{read, write, send} {
+		srv.PostRecv(recvLarge...)
+		for _, wr := range [][]nprdma.SendWR{read, write, send, readLarge, writeLarge, sendLarge} {
 			if err := cli.PostSend(wr...); err != nil {
 				t.Fatal(err)
 			}
@@ -61,8 +69,10 @@ func testHotPathAllocations(t *testing.T, cqOpts ...nprdma.CQOption) {
 				t.Fatalf("%v %+v", err, wcs[0])
 			}
 		}
-		if _, err := rcq.Wait(ctx, wcs[:1]); err != nil {
-			t.Fatal(err)
+		for range 2 {
+			if _, err := rcq.Wait(ctx, wcs[:1]); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	for i := 0; i < 300; i++ { // every queue slot used once

@@ -58,14 +58,16 @@ func (l *link) readExpected() (bool, error) {
 	if (rd.position()-l.origin)%alignTo != 0 || !x.ex.ExpectPayload(directRead, &x.e) {
 		return false, nil
 	}
-	h := &x.e.Header
-	src := x.e.Src
-	if x.e.SrcUnknown {
+	e := x.e
+	x.e = nprdma.ExpectedPayload{} // no reference kept to the destination
+	h := &e.Header
+	src := e.Src
+	if e.SrcUnknown {
 		src = x.sendSrc
 	}
 	pad := padFor(0, int(src)-payloadOffset(h))
 	scratch := pad + payloadOffset(h)
-	dst := x.e.Dst[:min(len(x.e.Dst), maxExpected)]
+	dst := e.Dst[:min(len(e.Dst), maxExpected)]
 	rd.rewind()
 	n, err := l.cr.readv(rd.buf[:scratch], dst)
 	if err != nil {
@@ -88,7 +90,6 @@ func (l *link) readExpected() (bool, error) {
 		x.skip = 1<<min(x.misses, 10) - 1
 		x.wrong.Add(1)
 	}
-	x.e = nprdma.ExpectedPayload{}
 	return true, nil
 }
 
