@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nprdma/nprdma/blockdev"
+	"github.com/nprdma/nprdma/internal/leaktest"
 	"github.com/nprdma/nprdma/nprdma"
 )
 
@@ -483,15 +484,7 @@ func TestCloseReleasesGoroutinesAndThreads(t *testing.T) {
 	if n := faultThreads(t); n != 0 {
 		t.Fatalf("%d fault threads still running after Close", n)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() > before {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<16)
-			t.Fatalf("%d goroutines before, %d after Close:\n%s", before, runtime.NumGoroutine(),
-				buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(time.Millisecond)
-	}
+	leaktest.WaitGoroutines(t, before, 10*time.Second)
 }
 
 func TestPrometheusObserverMetricsMove(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nprdma/nprdma/initiator/blockio"
 	"github.com/nprdma/nprdma/internal/fiotest"
+	"github.com/nprdma/nprdma/internal/leaktest"
 	"github.com/nprdma/nprdma/internal/mountinfo"
 )
 
@@ -299,7 +300,7 @@ func TestDetachRefusesWhileMountedUnlessForced(t *testing.T) {
 		t.Fatalf("forced Detach: %v", err)
 	}
 	assertTornDown(t, mnt, file, fuseDir)
-	waitGoroutines(t, baseline)
+	leaktest.WaitGoroutines(t, baseline, 20*time.Second)
 }
 
 func TestDetachLeavesNothingBehind(t *testing.T) {
@@ -325,7 +326,7 @@ func TestDetachLeavesNothingBehind(t *testing.T) {
 	if err := a.Detach(false); err != nil {
 		t.Fatalf("second Detach: %v", err)
 	}
-	waitGoroutines(t, baseline)
+	leaktest.WaitGoroutines(t, baseline, 20*time.Second)
 }
 
 func TestDetachWhileLoopDeviceIsHeldOpen(t *testing.T) {
@@ -371,7 +372,7 @@ func TestDetachWhileLoopDeviceIsHeldOpen(t *testing.T) {
 	if err := a.Detach(true); err != nil {
 		t.Fatalf("Detach after a forced Detach: %v", err)
 	}
-	waitGoroutines(t, baseline)
+	leaktest.WaitGoroutines(t, baseline, 20*time.Second)
 }
 
 // TestStaleLoopDeviceIsLeftToItsNewOwner: a detach refused because another
@@ -464,7 +465,7 @@ func TestForcedDetachAbortsABusyFUSEFile(t *testing.T) {
 	if mounts, _ := mountinfo.Read(); slicesContainsFsType(mounts, "fusectl") && !fusectlWasMounted {
 		t.Error("fusectl left mounted")
 	}
-	waitGoroutines(t, baseline)
+	leaktest.WaitGoroutines(t, baseline, 20*time.Second)
 }
 
 var fusectlWasMounted = func() bool {
@@ -496,18 +497,6 @@ func assertTornDown(t *testing.T, fsMount, file, fuseDir string) {
 	}
 	if _, err := os.Stat(fuseDir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("mount directory %s left behind: %v", fuseDir, err)
-	}
-}
-
-func waitGoroutines(t *testing.T, n int) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for runtime.NumGoroutine() > n {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines left, want %d:\n%s", runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nprdma/nprdma/initiator/blockio"
+	"github.com/nprdma/nprdma/internal/leaktest"
 	"github.com/nprdma/nprdma/internal/logtest"
 )
 
@@ -77,20 +78,6 @@ func (ts *testServer) stop() {
 		if err != nil {
 			panic("Serve: " + err.Error())
 		}
-	}
-}
-
-// waitGoroutines waits for the goroutine count to fall back to n; it fails
-// the test with a dump if it does not within a generous bound.
-func waitGoroutines(t *testing.T, n int) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for runtime.NumGoroutine() > n {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines left, want %d:\n%s", runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -614,7 +601,7 @@ func TestCloseFinishesInFlightRequests(t *testing.T) {
 	if err := srv.Serve(context.Background(), ln); !errors.Is(err, ErrServerClosed) {
 		t.Fatalf("Serve after Close: %v", err)
 	}
-	waitGoroutines(t, baseline)
+	leaktest.WaitGoroutines(t, baseline, 20*time.Second)
 }
 
 // flushGatedBackend blocks flushes until the gate opens.
@@ -693,7 +680,7 @@ func TestServeStopsOnContextCancel(t *testing.T) {
 		}
 		c.conn.Close()
 	}
-	waitGoroutines(t, baseline)
+	leaktest.WaitGoroutines(t, baseline, 20*time.Second)
 }
 
 func TestListenUnix(t *testing.T) {
