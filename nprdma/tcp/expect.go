@@ -116,11 +116,17 @@ func (p *payload) takePlaced(dst []byte) int {
 	if k > 0 && unsafe.SliceData(dst) != unsafe.SliceData(p.placed) {
 		copy(dst, p.placed[:k])
 	}
+	p.dropPlaced(k)
+	return k
+}
+
+// dropPlaced forgets the first k placed bytes, and the destination with the
+// last of them.
+func (p *payload) dropPlaced(k int) {
 	p.placed = p.placed[k:]
 	if len(p.placed) == 0 {
 		p.placed = nil
 	}
-	return k
 }
 
 // vecRead is a readv of two buffers through the RawConn; fn is its

@@ -433,10 +433,7 @@ func (p *payload) Discard(n int) error {
 	}
 	p.remaining -= n
 	k := min(n, len(p.placed))
-	p.placed = p.placed[k:]
-	if len(p.placed) == 0 {
-		p.placed = nil
-	}
+	p.dropPlaced(k)
 	return p.rd.discard(n - k)
 }
 

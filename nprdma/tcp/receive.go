@@ -177,7 +177,11 @@ func (sp *spinRead) read(fd uintptr) bool {
 		case err == unix.EINTR:
 			continue
 		case err != unix.EAGAIN:
-			sp.err, sp.got = os.NewSyscallError("read", err), true
+			call := "read"
+			if sp.vec != nil {
+				call = "readv"
+			}
+			sp.err, sp.got = os.NewSyscallError(call, err), true
 			return true
 		}
 		if i%32 == 0 && (nanotime() > sp.until || sp.ctx.Err() != nil) {
