@@ -3,6 +3,7 @@ package npbench
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"time"
@@ -180,6 +181,46 @@ func throughputPoint(ctx context.Context, lines []*tputLine, size, qd int, cfg F
 	return nil
 }
 
+// newTputLines is the raw stream and the three ops, with room for sizes.
+func newTputLines(sizes []int) []*tputLine {
+	lines := []*tputLine{{key: "raw", label: "raw TCP stream"}, {key: "read", label: "READ", op: nprdma.OpRead},
+		{key: "write", label: "WRITE", op: nprdma.OpWrite}, {key: "send", label: "SEND", op: nprdma.OpSend}}
+	for _, l := range lines {
+		l.points = map[int]map[int][]float64{}
+		for _, s := range sizes {
+			l.points[s] = map[int][]float64{}
+		}
+	}
+	return lines
+}
+
+// turnRatios is each turn's ours/base and the index of the median one.
+func turnRatios(ours, base []float64) ([]float64, int) {
+	ratios := make([]float64, len(ours))
+	for i := range ours {
+		ratios[i] = ours[i] / base[i]
+	}
+	return ratios, bench.MedianIndex(ratios)
+}
+
+// onOneCPU runs fn with every thread of this process restricted to the
+// first CPU it may use, then gives the threads back their mask.
+func onOneCPU(fn func() error) error {
+	pid := os.Getpid()
+	cpus, err := bench.Affinity(pid)
+	if err != nil {
+		return err
+	}
+	if err := bench.PinProcess(pid, cpus[:1]); err != nil {
+		return err
+	}
+	err = fn()
+	if rerr := bench.PinProcess(pid, cpus); rerr != nil && err == nil {
+		err = fmt.Errorf("fabric-ops: restore the CPU mask %s: %w", bench.FormatCPUList(cpus), rerr)
+	}
+	return err
+}
+
 // MeasureFabric runs fabric-ops with cfg.
 func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*bench.Experiment, error) {
 	if cfg.Samples < 1 || cfg.Rounds < 1 || cfg.ThroughputRounds < 1 || cfg.Run <= 0 {
@@ -262,14 +303,7 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 	}
 
 	// Throughput: every size and depth, raw stream and each op taking turns.
-	lines := []*tputLine{{key: "raw", label: "raw TCP stream"}, {key: "read", label: "READ", op: nprdma.OpRead},
-		{key: "write", label: "WRITE", op: nprdma.OpWrite}, {key: "send", label: "SEND", op: nprdma.OpSend}}
-	for _, l := range lines {
-		l.points = map[int]map[int][]float64{}
-		for _, s := range cfg.Sizes {
-			l.points[s] = map[int][]float64{}
-		}
-	}
+	lines := newTputLines(cfg.Sizes)
 	var tputPlacement bench.Placement
 	for _, size := range cfg.Sizes {
 		log.Info("fabric-ops: throughput", "size", size)
@@ -280,6 +314,21 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 				return exp, err
 			}
 		}
+	}
+	// The 128 KiB QD1 point again with the whole process on one CPU, where
+	// the scheduler cannot move the two ends between vCPUs from one run to
+	// the next: what an operation costs against the raw stream, without
+	// that drift.
+	const oneCPUSize = 128 << 10
+	oneCPU := newTputLines([]int{oneCPUSize})
+	var oneCPUPlacement bench.Placement
+	log.Info("fabric-ops: throughput on one CPU", "size", oneCPUSize, "qd", 1)
+	if err := onOneCPU(func() error {
+		return sampled(&oneCPUPlacement, "nprdma-bench: 128 KiB QD1 throughput runs on one CPU", true, func() error {
+			return throughputPoint(ctx, oneCPU, oneCPUSize, 1, cfg)
+		})
+	}); err != nil {
+		return exp, err
 	}
 
 	exp.Method = fmt.Sprintf("Initiator and target are two nprdma devices on nprdma/tcp in the bench process, connected over loopback "+
@@ -294,7 +343,9 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 		"in flight on one socket, whose server answers from as many slots of data in turn as the op's remote region has; at each "+
 		"point the four streams are connected once and take turns, %[3]v each (filling and draining the pipe included), %[4]d "+
 		"times, the order reversed every other time; a depth's ratio is the median over those turns of the op against the raw "+
-		"stream of the same turn, and the goal is judged at the depth with the lowest.",
+		"stream of the same turn, and the goal is judged at the depth with the lowest. Then the 128 KiB QD1 point once more, "+
+		"the same way, with every thread of the process restricted to one CPU (sched_setaffinity), where the scheduler cannot "+
+		"move the two ends of a connection between vCPUs: reported, not judged.",
 		cfg.Samples, cfg.Rounds, cfg.Run, cfg.ThroughputRounds)
 	exp.AddParam("latency samples per case per round", cfg.Samples)
 	exp.AddParam("latency rounds", cfg.Rounds)
@@ -340,12 +391,7 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 			worst, worstQD, worstRound := 0.0, 0, 0
 			var all []string
 			for _, qd := range cfg.Depths {
-				ours, base := op.points[s][qd], lines[0].points[s][qd]
-				ratios := make([]float64, len(ours))
-				for i := range ours {
-					ratios[i] = ours[i] / base[i]
-				}
-				k := bench.MedianIndex(ratios)
+				ratios, k := turnRatios(op.points[s][qd], lines[0].points[s][qd])
 				all = append(all, fmt.Sprintf("QD%d %.2f (%s)", qd, ratios[k], bench.RoundList(ratios)))
 				if worstQD == 0 || ratios[k] < worst {
 					worst, worstQD, worstRound = ratios[k], qd, k
@@ -361,6 +407,15 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 			}
 			exp.Add(f)
 		}
+	}
+
+	for _, op := range oneCPU[1:] {
+		ours, base := op.points[oneCPUSize][1], oneCPU[0].points[oneCPUSize][1]
+		ratios, k := turnRatios(ours, base)
+		exp.Add(bench.NewFigure(fmt.Sprintf("%s %s throughput QD1, one CPU", bench.FormatBytes(oneCPUSize), op.label),
+			ours[k], "MiB/s", "raw TCP stream QD1 on one CPU, same turn", base[k]).
+			WithNotes(fmt.Sprintf("median turn of %d; per turn: %s; baseline %s; ratios %s",
+				len(ours), bench.RoundList(ours), bench.RoundList(base), bench.RoundList(ratios))))
 	}
 
 	for _, v := range []*latencyVariant{raw, read, write, send, readBP, read1, raw1} {
@@ -410,7 +465,7 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 		noteNoise(exp, "p50", v.key, v.p50)
 	}
 	tputPlacement.Role = "nprdma-bench: throughput runs (initiator and target in one process)"
-	exp.Placements = append(exp.Placements, tputPlacement)
+	exp.Placements = append(exp.Placements, tputPlacement, oneCPUPlacement)
 	if bench.MeanFloat(read.p50) > ReadLatencyGoal.Threshold*bench.MeanFloat(raw.p50) &&
 		bench.MeanFloat(read1.p50) < bench.MeanFloat(read.p50) {
 		exp.Note("READ at QD1 costs %.2f× the raw round trip with GOMAXPROCS=%d but %.2f× with GOMAXPROCS=1: the completion is "+

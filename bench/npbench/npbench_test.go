@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -64,11 +66,36 @@ func checkRecord(t *testing.T, exp *bench.Experiment, goals []string) {
 
 func TestFabricSmall(t *testing.T) {
 	cfg := FabricConfig{Samples: 50, Rounds: 2, Depths: []int{1, 4}, Sizes: []int{4 << 10, 128 << 10}, Run: 20 * time.Millisecond, ThroughputRounds: 1}
+	mask, err := bench.Affinity(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
 	exp, err := MeasureFabric(context.Background(), testEnv(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkRecord(t, exp, []string{ReadLatencyGoal.Text, ThroughputGoal.Text})
+	for _, op := range []string{"READ", "WRITE", "SEND"} {
+		if f, ok := exp.Figure("128 KiB " + op + " throughput QD1, one CPU"); !ok || f.Value <= 0 || f.BaselineValue <= 0 {
+			t.Errorf("%s on one CPU: %+v, found %v", op, f, ok)
+		}
+	}
+	one := exp.Placements[len(exp.Placements)-1]
+	if !one.Pinned || one.Allowed != bench.FormatCPUList(mask[:1]) {
+		t.Errorf("one-CPU runs' placement %+v, want pinned to CPU %d", one, mask[0])
+	}
+	// Every thread gets its mask back, those started while pinned too.
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		tid, _ := strconv.Atoi(task.Name())
+		got, err := bench.Affinity(tid)
+		if err == nil && !slices.Equal(got, mask) {
+			t.Errorf("thread %d left on CPUs %v, want %v", tid, got, mask)
+		}
+	}
 }
 
 func TestRegistrationSmall(t *testing.T) {
