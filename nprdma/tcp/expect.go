@@ -30,6 +30,7 @@ const maxExpected = 1 << 20
 
 type expectState struct {
 	ex      nprdma.PayloadExpecter // nil: the receiver names nothing
+	vr      vectorReader           // the reader's source; nil: it cannot read two buffers at once
 	e       nprdma.ExpectedPayload
 	sendSrc uint64 // where the last large SEND's payload sat, mod alignTo: its source's alignment
 	misses  int    // wrong guesses in a row
@@ -46,7 +47,7 @@ type expectState struct {
 // after a wrong guess, simply the bytes that arrived.
 func (l *link) readExpected() (bool, error) {
 	x, rd := &l.exp, l.rd
-	if x.ex == nil {
+	if x.ex == nil || x.vr == nil {
 		return false, nil
 	}
 	if x.skip > 0 {
@@ -69,7 +70,7 @@ func (l *link) readExpected() (bool, error) {
 	scratch := pad + payloadOffset(h)
 	dst := e.Dst[:min(len(e.Dst), maxExpected)]
 	rd.rewind()
-	n, err := l.cr.readv(rd.buf[:scratch], dst)
+	n, err := x.vr.readv(rd.buf[:scratch], dst)
 	if err != nil {
 		return true, err
 	}

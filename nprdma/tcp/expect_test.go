@@ -68,8 +68,7 @@ type frameWriter struct {
 	pos int
 }
 
-func (w *frameWriter) frame(t *testing.T, h *nprdma.Header, src uint64, payload []byte) []byte {
-	t.Helper()
+func (w *frameWriter) frame(h *nprdma.Header, src uint64, payload []byte) []byte {
 	var b []byte
 	if len(payload) >= alignPayload {
 		if k := padFor(w.pos, int(src)-payloadOffset(h)); k > 0 {
@@ -148,7 +147,7 @@ func TestExpectedResponseReadInPlace(t *testing.T) {
 		<-rx.down
 	}()
 	w := &frameWriter{c: cli}
-	resp := func(i int) []byte { return w.frame(t, &exps[i].Header, exps[i].Src, payload[i]) }
+	resp := func(i int) []byte { return w.frame(&exps[i].Header, exps[i].Src, payload[i]) }
 	want := func(kind nprdma.PacketKind, seq uint32, data []byte) {
 		t.Helper()
 		select {
@@ -179,7 +178,7 @@ func TestExpectedResponseReadInPlace(t *testing.T) {
 	// guess.
 	send := make([]byte, 40<<10)
 	rand.Read(send)
-	w.write(t, w.end(append(w.frame(t, &nprdma.Header{Kind: nprdma.PacketSend, Seq: 3, Len: uint32(len(send))}, 0x1000, send), resp(2)...)))
+	w.write(t, w.end(append(w.frame(&nprdma.Header{Kind: nprdma.PacketSend, Seq: 3, Len: uint32(len(send))}, 0x1000, send), resp(2)...)))
 	want(nprdma.PacketSend, 3, send)
 	want(nprdma.PacketReadResponse, 12, payload[2])
 	w.write(t, w.end(resp(3)))
@@ -320,7 +319,7 @@ func TestPayloadReadTakesWhatFollows(t *testing.T) {
 	var b []byte
 	for i, p := range payloads {
 		rand.Read(p)
-		b = append(b, w.frame(t, &nprdma.Header{Kind: nprdma.PacketSend, Seq: uint32(i), Len: size}, 0x1000, p)...)
+		b = append(b, w.frame(&nprdma.Header{Kind: nprdma.PacketSend, Seq: uint32(i), Len: size}, 0x1000, p)...)
 	}
 	w.write(t, w.end(b)) // all queued before the link reads anything
 	rx := &scriptedRx{delivered: make(chan delivery, 2), down: make(chan error, 1)}

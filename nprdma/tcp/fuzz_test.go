@@ -3,10 +3,14 @@ package tcp
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -93,19 +97,7 @@ func fuzzPeer(t *testing.T, data []byte) {
 // feedPeer is fuzzPeer, returning the completions and the queue pair's
 // error for tests that check them.
 func feedPeer(t *testing.T, data []byte) ([]nprdma.WC, error) {
-	dev := nprdma.NewDevice(stubProvider{}, nprdma.WithPinning(false))
-	defer dev.Close()
-	pd := dev.AllocPD()
-	cq := dev.NewCQ(64)
-	qp, err := pd.NewQP(nprdma.QPConfig{SendCQ: cq, SendDepth: 16, RecvDepth: 16, Timeout: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 16<<10)
-	mr, err := pd.Register(buf, nprdma.AccessLocalWrite|nprdma.AccessRemoteRead|nprdma.AccessRemoteWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
+	qp, cq, mr := stubPeer(t, make([]byte, 16<<10))
 	qp.PostRecv(nprdma.RecvWR{ID: 1, SG: []nprdma.SGE{mr.SGE(0, 64)}}, nprdma.RecvWR{ID: 2, SG: []nprdma.SGE{mr.SGE(64, 64)}})
 	if _, err := qp.Connect(context.Background(), "stub", nil); err != nil {
 		t.Fatal(err)
@@ -114,31 +106,56 @@ func feedPeer(t *testing.T, data []byte) ([]nprdma.WC, error) {
 		nprdma.SendWR{ID: 10, Op: nprdma.OpRead, SG: []nprdma.SGE{mr.SGE(8192, 4096)}, RemoteAddr: 0x1000, RKey: 5, Signaled: true},
 		nprdma.SendWR{ID: 11, Op: nprdma.OpSend, SG: []nprdma.SGE{mr.SGE(0, 100)}, Signaled: true},
 		nprdma.SendWR{ID: 12, Op: nprdma.OpWrite, SG: []nprdma.SGE{mr.SGE(0, 100)}, RemoteAddr: 0x1000, RKey: 5})
-	l := &link{prov: New(), rd: newReader(bytes.NewReader(data), 4096), rx: qp, abortCh: make(chan struct{})}
-	err = l.readFrames()
+	readToEnd(t, &link{prov: New(), rd: newReader(bytes.NewReader(data), 4096), rx: qp, abortCh: make(chan struct{})}, qp)
+	return completedOnce(t, cq, 1, 2, 10, 11), qp.Err()
+}
+
+// stubPeer is a queue pair on a stub device (closed when the test ends),
+// with buf registered for every access; the caller connects it.
+func stubPeer(t *testing.T, buf []byte) (*nprdma.QP, *nprdma.CQ, *nprdma.MR) {
+	dev := nprdma.NewDevice(stubProvider{}, nprdma.WithPinning(false))
+	t.Cleanup(func() { dev.Close() })
+	pd := dev.AllocPD()
+	cq := dev.NewCQ(64)
+	qp, err := pd.NewQP(nprdma.QPConfig{SendCQ: cq, SendDepth: 16, RecvDepth: 16, Timeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mr, err := pd.Register(buf, nprdma.AccessLocalWrite|nprdma.AccessRemoteRead|nprdma.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return qp, cq, mr
+}
+
+// readToEnd reads l's stream, finite, to its end, and takes qp down with
+// the error that ended it.
+func readToEnd(t *testing.T, l *link, qp *nprdma.QP) {
+	err := l.readFrames()
+	qp.LinkDown(err)
+	qp.Close()
 	if err == nil {
 		t.Fatal("reading a finite stream ended without an error")
 	}
-	qp.LinkDown(err)
-	qp.Close()
-	// Every posted work request completed exactly once.
+}
+
+// completedOnce returns cq's completions, each work request's at most once
+// and those of ids exactly once.
+func completedOnce(t *testing.T, cq *nprdma.CQ, ids ...uint64) []nprdma.WC {
 	var wcs [64]nprdma.WC
 	n := cq.Poll(wcs[:])
 	seen := map[uint64]int{}
 	for _, wc := range wcs[:n] {
-		seen[wc.ID]++
-	}
-	for id, k := range seen {
-		if k != 1 {
-			t.Fatalf("work request %d completed %d times", id, k)
+		if seen[wc.ID]++; seen[wc.ID] > 1 {
+			t.Fatalf("work request %d completed more than once (completions %+v)", wc.ID, wcs[:n])
 		}
 	}
-	for _, id := range []uint64{1, 2, 10, 11} {
+	for _, id := range ids {
 		if seen[id] != 1 {
 			t.Fatalf("work request %d never completed (completions %+v)", id, wcs[:n])
 		}
 	}
-	return wcs[:n], qp.Err()
+	return wcs[:n]
 }
 
 func FuzzFrameDecoder(f *testing.F) {
@@ -210,7 +227,11 @@ func TestWriteSeedCorpus(t *testing.T) {
 	if os.Getenv("NPRDMA_WRITE_SEEDS") != "1" {
 		t.Skip("set NPRDMA_WRITE_SEEDS=1 to rewrite testdata/fuzz")
 	}
-	for name, seeds := range map[string][][]byte{"FuzzFrameDecoder": frameSeeds(), "FuzzHandshake": handshakeSeeds()} {
+	var guess [][]byte
+	for _, name := range slices.Sorted(maps.Keys(guessSeeds())) {
+		guess = append(guess, guessSeeds()[name])
+	}
+	for name, seeds := range map[string][][]byte{"FuzzFrameDecoder": frameSeeds(), "FuzzHandshake": handshakeSeeds(), "FuzzGuessedReads": guess} {
 		dir := filepath.Join("testdata", "fuzz", name)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -269,4 +290,271 @@ func TestPiggybackedAckValidation(t *testing.T) {
 			t.Fatalf("%s: error %v, completions %+v", name, err, wcs)
 		}
 	}
+}
+
+// arrivalSource plays the peer's byte stream to a reader as it would
+// arrive on a socket, in arrivals of the given sizes (then the rest at
+// once): a call returns what has arrived, never more than the current
+// arrival's rest. It reads through Read and readv alike: a vectorReader,
+// so the link guesses the next frame as it does on a socket.
+type arrivalSource struct {
+	data     []byte
+	arrivals []int
+}
+
+func (s *arrivalSource) Read(p []byte) (int, error) { return s.readv(p, nil) }
+
+func (s *arrivalSource) readv(p, q []byte) (int, error) {
+	if len(s.data) == 0 {
+		return 0, io.EOF
+	}
+	limit := len(s.data)
+	if len(s.arrivals) > 0 {
+		limit = min(limit, s.arrivals[0])
+	}
+	n := copy(p, s.data[:limit])
+	n += copy(q, s.data[n:limit])
+	s.data = s.data[n:]
+	if len(s.arrivals) > 0 {
+		if s.arrivals[0] -= n; s.arrivals[0] == 0 {
+			s.arrivals = s.arrivals[1:]
+		}
+	}
+	return n, nil
+}
+
+// Layout of guessPeer's registered buffer: two large READs (the second in
+// two segments, from a source off alignTo) and two large receives, with
+// canaries between and after them that no work request gives the network.
+const (
+	guessRead1      = 0         // 40 KiB
+	guessRead2a     = 64 << 10  // 16 KiB
+	guessRead2b     = 88 << 10  // 32 KiB
+	guessRecv1      = 128 << 10 // 40 KiB
+	guessRecv2      = 168 << 10 // 40 KiB
+	guessBuf        = 256 << 10
+	guessRead1Len   = 40 << 10
+	guessRead2Len   = 48 << 10
+	guessRecvLen    = 40 << 10
+	guessRead1Src   = 0x10000
+	guessRead2Src   = 0x20018
+	guessCanaryByte = 0x5a
+)
+
+var guessCanaries = [][2]int{{guessRead1 + guessRead1Len, guessRead2a}, {guessRead2a + 16<<10, guessRead2b},
+	{guessRead2b + 32<<10, guessRecv1}, {guessRecv2 + guessRecvLen, guessBuf}}
+
+// guessPeer is feedPeer for the guessed read (expect.go): the queue pair
+// has two large READs outstanding and two large receives posted, and the
+// stream arrives in pieces (arrivalSource). Whatever the stream holds,
+// every work request completes exactly once and no byte outside the memory
+// the work requests gave the network is written: a wrong guess may only
+// scribble on a READ's destination or a posted receive.
+func guessPeer(t *testing.T, sizes []int, data []byte) guessRun {
+	buf := bytes.Repeat([]byte{guessCanaryByte}, guessBuf)
+	qp, cq, mr := stubPeer(t, buf)
+	qp.PostRecv(nprdma.RecvWR{ID: 1, SG: []nprdma.SGE{mr.SGE(guessRecv1, guessRecvLen)}},
+		nprdma.RecvWR{ID: 2, SG: []nprdma.SGE{mr.SGE(guessRecv2, guessRecvLen)}})
+	if _, err := qp.Connect(context.Background(), "stub", nil); err != nil {
+		t.Fatal(err)
+	}
+	qp.PostSend(
+		nprdma.SendWR{ID: 10, Op: nprdma.OpRead, SG: []nprdma.SGE{mr.SGE(guessRead1, guessRead1Len)}, RemoteAddr: guessRead1Src, RKey: 5, Signaled: true},
+		nprdma.SendWR{ID: 11, Op: nprdma.OpRead, SG: []nprdma.SGE{mr.SGE(guessRead2a, 16<<10), mr.SGE(guessRead2b, 32<<10)},
+			RemoteAddr: guessRead2Src, RKey: 5, Signaled: true})
+	src := &arrivalSource{data: data, arrivals: sizes}
+	l := &link{prov: New(), rd: newReader(src, 64<<10), rx: qp, abortCh: make(chan struct{})}
+	l.exp.ex, l.exp.vr = qp, src
+	readToEnd(t, l, qp)
+	for _, c := range guessCanaries {
+		for i := c[0]; i < c[1]; i++ {
+			if buf[i] != guessCanaryByte {
+				t.Fatalf("byte %#x of the buffer, which no work request gave the network, was written (right guesses %d, wrong %d)",
+					i, l.exp.hits.Load(), l.exp.wrong.Load())
+			}
+		}
+	}
+	return guessRun{wcs: completedOnce(t, cq, 1, 2, 10, 11), hits: l.exp.hits.Load(), wrong: l.exp.wrong.Load(), buf: buf}
+}
+
+// guessRun is what guessPeer saw.
+type guessRun struct {
+	wcs         []nprdma.WC
+	hits, wrong uint64
+	buf         []byte // the registered buffer afterwards
+}
+
+// guessStream expands prog, a compact description of a peer's stream,
+// into the stream and the sizes it arrives in: the fuzzer then mutates
+// frames and their order rather than 100 KiB of payload. Each step is an
+// op byte (its top bit ends an arrival after the step) and its operands:
+//
+//	op&3 == 0: n (1 byte), then n raw bytes
+//	op&3 == 1: a frame as a link writes it (frameWriter): kind (1 byte, of
+//	           the seven, counted from PacketSend), seq (1 byte), length and offset (2 bytes each, in 64-byte
+//	           units), flags (1 byte: bit 0 last, bit 1 fill), the low bits
+//	           of its source address (1 byte); the payload is a pattern
+//	op&3 == 2: n (2 bytes), then n pattern bytes
+//	op&3 == 3: PAD to the next multiple of alignTo, as a write ends
+//
+// The stream is capped at 1 MiB.
+func guessStream(prog []byte) (data []byte, sizes []int) {
+	var w frameWriter
+	take := func(n int) []byte {
+		b := make([]byte, n)
+		k := copy(b, prog)
+		prog = prog[k:]
+		return b
+	}
+	u16 := func() int { return int(binary.LittleEndian.Uint16(take(2))) }
+	last := 0
+	for len(prog) > 0 && len(data) < 1<<20 {
+		op := take(1)[0]
+		switch op & 3 {
+		case 0:
+			b := take(int(take(1)[0]))
+			data = append(data, b...)
+			w.pos += len(b)
+		case 1:
+			f := take(2)
+			n, off := u16()*64, u16()*64
+			flags, src := take(1)[0], take(1)[0]
+			h := nprdma.Header{Kind: nprdma.PacketSend + nprdma.PacketKind(f[0]%7), Seq: uint32(f[1]), Len: uint32(n), Offset: uint32(off),
+				Last: flags&1 != 0, Fill: flags&2 != 0}
+			data = append(data, w.frame(&h, uint64(src), guessPattern(n, op))...)
+		case 2:
+			b := guessPattern(u16(), op)
+			data = append(data, b...)
+			w.pos += len(b)
+		case 3:
+			data = append(data, w.end(nil)...)
+		}
+		if op&0x80 != 0 && len(data) > last {
+			sizes = append(sizes, len(data)-last)
+			last = len(data)
+		}
+	}
+	return data, sizes
+}
+
+// guessProgram is guessStream's inverse for well-formed frames, for seeds.
+type guessProgram []byte
+
+func (p guessProgram) frame(kind nprdma.PacketKind, seq uint32, n int, src uint64) guessProgram {
+	p = append(p, 1, byte(kind-nprdma.PacketSend), byte(seq))
+	p = binary.LittleEndian.AppendUint16(p, uint16(n/64))
+	p = binary.LittleEndian.AppendUint16(p, 0)
+	return append(p, 1, byte(src))
+}
+
+// end ends a write (PAD to alignTo) and the arrival with it.
+func (p guessProgram) end() guessProgram { return append(p, 0x80|3) }
+
+// guessSeeds are programs for guessPeer, each frame arriving on its own:
+// the two READs' responses (the second padded to its source's alignment)
+// and SENDs as large as the receives, in order, SENDs first, responses
+// swapped, a corrupted header, a short SEND, and a stream cut short.
+func guessSeeds() map[string]guessProgram {
+	r1 := func(p guessProgram) guessProgram {
+		return p.frame(nprdma.PacketReadResponse, 0, guessRead1Len, guessRead1Src).end()
+	}
+	r2 := func(p guessProgram) guessProgram {
+		return p.frame(nprdma.PacketReadResponse, 1, guessRead2Len, guessRead2Src).end()
+	}
+	s0 := func(p guessProgram) guessProgram { return p.frame(nprdma.PacketSend, 0, guessRecvLen, 0).end() }
+	s1 := func(p guessProgram) guessProgram { return p.frame(nprdma.PacketSend, 1, guessRecvLen, 0).end() }
+	short := func(p guessProgram) guessProgram { return p.frame(nprdma.PacketSend, 0, 2048, 0).end() }
+	build := func(steps ...func(guessProgram) guessProgram) guessProgram {
+		var p guessProgram
+		for _, s := range steps {
+			p = s(p)
+		}
+		return p
+	}
+	return map[string]guessProgram{
+		"in order":    build(r1, r2, s0, s1),
+		"SENDs first": build(s0, s1, r1, r2),
+		"swapped":     build(r2, r1, s0, s1),
+		"short SEND":  build(r1, short, s1, r2),
+		// Garbage where the first response should be: the link dies.
+		"garbage": build(func(p guessProgram) guessProgram { return append(p, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8) }, r1, r2, s0, s1),
+		// The stream ends in the middle of a SEND's header.
+		"cut short": build(r1, r2, func(p guessProgram) guessProgram { return append(p, 0, 3, byte(nprdma.PacketSend), 0, 0) }),
+	}
+}
+
+// guessPattern is payload bytes for guessStream, by seed.
+func guessPattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+	return b
+}
+
+// The seeds do what they are there for: in order, every frame the queue
+// pair can name is read in place and lands whole; a SEND before the READs'
+// responses is a wrong guess, recovered from; the stream arriving at once
+// or in small pieces changes what is guessed, not what lands.
+func TestGuessSeeds(t *testing.T) {
+	seeds := guessSeeds()
+	status := func(r guessRun, id uint64) nprdma.Status {
+		for _, wc := range r.wcs {
+			if wc.ID == id {
+				return wc.Status
+			}
+		}
+		return nprdma.Status(255)
+	}
+	landed := func(t *testing.T, r guessRun) {
+		t.Helper()
+		for id, want := range map[uint64][]byte{10: guessPattern(guessRead1Len, 1), 11: guessPattern(guessRead2Len, 1),
+			1: guessPattern(guessRecvLen, 1), 2: guessPattern(guessRecvLen, 1)} {
+			if status(r, id) != nprdma.StatusSuccess {
+				t.Fatalf("work request %d: %v (completions %+v)", id, status(r, id), r.wcs)
+			}
+			var got []byte
+			switch id {
+			case 10:
+				got = r.buf[guessRead1 : guessRead1+guessRead1Len]
+			case 11:
+				got = append(bytes.Clone(r.buf[guessRead2a:guessRead2a+16<<10]), r.buf[guessRead2b:guessRead2b+32<<10]...)
+			case 1:
+				got = r.buf[guessRecv1 : guessRecv1+guessRecvLen]
+			case 2:
+				got = r.buf[guessRecv2 : guessRecv2+guessRecvLen]
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("work request %d: the data landed wrong", id)
+			}
+		}
+	}
+	for name, want := range map[string][2]uint64{"in order": {3, 0}, "SENDs first": {2, 1}} {
+		data, sizes := guessStream(seeds[name])
+		r := guessPeer(t, sizes, data)
+		landed(t, r)
+		if r.hits != want[0] || r.wrong != want[1] {
+			t.Fatalf("%s, a frame at a time: %d right guesses and %d wrong, want %d and %d", name, r.hits, r.wrong, want[0], want[1])
+		}
+		for _, sizes := range [][]int{nil, slices.Repeat([]int{100}, len(data)/100)} {
+			landed(t, guessPeer(t, sizes, data))
+		}
+	}
+	// Garbage where a guessed response should be goes back into the
+	// stream and is read as frames: the READ fails, whatever lands in its
+	// destination.
+	data, sizes := guessStream(seeds["garbage"])
+	if r := guessPeer(t, sizes, data); r.wrong != 1 || status(r, 10) == nprdma.StatusSuccess {
+		t.Fatalf("garbage: %d wrong guesses, READ %v; want one wrong guess and the READ failed", r.wrong, status(r, 10))
+	}
+}
+
+func FuzzGuessedReads(f *testing.F) {
+	for _, p := range guessSeeds() {
+		f.Add([]byte(p))
+	}
+	f.Fuzz(func(t *testing.T, prog []byte) {
+		data, sizes := guessStream(prog)
+		guessPeer(t, sizes, data)
+	})
 }
