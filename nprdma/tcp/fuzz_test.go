@@ -132,11 +132,13 @@ func stubPeer(t *testing.T, buf []byte) (*nprdma.QP, *nprdma.CQ, *nprdma.MR) {
 // the error that ended it.
 func readToEnd(t *testing.T, l *link, qp *nprdma.QP) {
 	err := l.readFrames()
-	qp.LinkDown(err)
-	qp.Close()
 	if err == nil {
+		qp.LinkDown(errors.New("test: the stream ended"))
+		qp.Close()
 		t.Fatal("reading a finite stream ended without an error")
 	}
+	qp.LinkDown(err)
+	qp.Close()
 }
 
 // completedOnce returns cq's completions, each work request's at most once
