@@ -30,7 +30,6 @@ const maxExpected = 1 << 20
 
 type expectState struct {
 	ex      nprdma.PayloadExpecter // nil: the receiver names nothing
-	vr      vectorReader           // the reader's source; nil: it cannot read two buffers at once
 	e       nprdma.ExpectedPayload
 	sendSrc uint64 // where the last large SEND's payload sat, mod alignTo: its source's alignment
 	misses  int    // wrong guesses in a row
@@ -47,7 +46,10 @@ type expectState struct {
 // after a wrong guess, simply the bytes that arrived.
 func (l *link) readExpected() (bool, error) {
 	x, rd := &l.exp, l.rd
-	if x.ex == nil || x.vr == nil {
+	// As in readDirect: a source that cannot read two buffers at once is
+	// read as usual.
+	vr, ok := rd.src.(vectorReader)
+	if x.ex == nil || !ok {
 		return false, nil
 	}
 	if x.skip > 0 {
@@ -70,7 +72,7 @@ func (l *link) readExpected() (bool, error) {
 	scratch := pad + payloadOffset(h)
 	dst := e.Dst[:min(len(e.Dst), maxExpected)]
 	rd.rewind()
-	n, err := x.vr.readv(rd.buf[:scratch], dst)
+	n, err := vr.readv(rd.buf[:scratch], dst)
 	if err != nil {
 		return true, err
 	}

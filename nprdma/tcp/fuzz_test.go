@@ -366,7 +366,7 @@ func guessPeer(t *testing.T, sizes []int, data []byte) guessRun {
 			RemoteAddr: guessRead2Src, RKey: 5, Signaled: true})
 	src := &arrivalSource{data: data, arrivals: sizes}
 	l := &link{prov: New(), rd: newReader(src, 64<<10), rx: qp, abortCh: make(chan struct{})}
-	l.exp.ex, l.exp.vr = qp, src
+	l.exp.ex = qp
 	readToEnd(t, l, qp)
 	for _, c := range guessCanaries {
 		for i := c[0]; i < c[1]; i++ {

@@ -138,7 +138,6 @@ func (l *link) Start(r nprdma.Receiver) {
 	l.startOnce.Do(func() {
 		l.rx = r
 		l.exp.ex, _ = r.(nprdma.PayloadExpecter)
-		l.exp.vr, _ = l.rd.src.(vectorReader)
 		go l.readLoop()
 	})
 }
