@@ -322,7 +322,7 @@ func (t *Target) Device() *nprdma.Device { return t.dev }
 func (t *Target) Start() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.started || t.closed {
+	if t.started || t.stopping {
 		return fmt.Errorf("target: already started or closed")
 	}
 	opts := []fabric.ListenOption{

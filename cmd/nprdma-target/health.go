@@ -10,8 +10,8 @@ import (
 )
 
 // metricsHandler serves, on --metrics-addr, the Prometheus metrics at
-// /metrics (and any other path, as before the health endpoints), and two
-// plain-text states for service managers and alerts (docs/target.md §9):
+// /metrics and every other path, and two plain-text states for service
+// managers and alerts (docs/target.md §9):
 //
 //   - /healthz: 200 "ok" while everything the target runs on works; 503
 //     with the cause once the metadata store failed. Block I/O is still
