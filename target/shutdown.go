@@ -101,7 +101,7 @@ func (t *Target) stop(rep *stopReport, drain context.Context, graceful bool) {
 		case <-drained:
 		case <-drain.Done():
 			rep.mu.Lock()
-			rep.drain = fmt.Errorf("commands still executing when the drain's bound passed (never acknowledged): %w", drain.Err())
+			rep.drain = fmt.Errorf("commands still executing at the drain's bound, half the deadline (never acknowledged: their queues are closed): %w", drain.Err())
 			rep.mu.Unlock()
 		}
 	}
@@ -334,7 +334,7 @@ func (e *ShutdownError) Error() string {
 		fmt.Fprintf(&b, format, args...)
 	}
 	if e.Drain != nil {
-		line("commands: %v", e.Drain)
+		line("%v", e.Drain)
 	}
 	flushed := 0
 	for _, ns := range e.Namespaces {
@@ -471,7 +471,10 @@ func (r *stopReport) result(t *Target) error {
 		}
 		if e.Marker == MarkerNoStore {
 			// Shutdown stopped waiting before the marker's turn.
-			e.Marker, e.MarkerReason = MarkerNotWritten, "the shutdown's deadline passed before it"
+			e.Marker, e.MarkerReason = MarkerNotWritten, r.notClean()
+			if e.MarkerReason == "" {
+				e.MarkerReason = "the shutdown's deadline passed before it"
+			}
 		}
 	}
 	if !e.TimedOut && e.Drain == nil && r.notClean() == "" && e.MetadataClose == nil &&

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/blockdev"
+	"github.com/nprdma/nprdma/initiator"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/target"
 )
@@ -124,18 +125,19 @@ func TestFinalFlushFailureReportsTheUnflushedRange(t *testing.T) {
 }
 
 // TestFinalFlushOnAHungDeviceIsBounded: namespace 1's device stops
-// answering (every write and flush blocks) before the shutdown; namespace
-// 2's works. Shutdown returns at its deadline: namespace 2 flushed and on
-// its file, namespace 1 reported not flushed, no clean shutdown recorded,
-// not even when the device answers again and the abandoned flush
-// completes.
+// answering (every write and flush blocks) before the shutdown, with a FUA
+// write of the host stuck in it; namespace 2's works. Shutdown stops
+// waiting for the stuck command at half its deadline and returns at the
+// deadline: namespace 2 flushed and on its file, namespace 1 reported not
+// flushed (still waiting for its command), no clean shutdown recorded,
+// not even when the device answers again and the abandoned stop completes.
 func TestFinalFlushOnAHungDeviceIsBounded(t *testing.T) {
 	r := newTarget(t, loopFabric, []subSpec{{NQN: subNQN, Hosts: []string{hostNQN("a")}, NS: []nsSpec{
 		{NSID: 1, Size: 4 << 20, Budget: 2 << 20, Faulty: true},
 		{NSID: 2, Size: 4 << 20, Budget: 2 << 20},
 	}}})
 	dev, _ := r.hostDevice(t)
-	c := r.connect(t, dev, subNQN, "a")
+	c := r.connect(t, dev, subNQN, "a", initiator.WithControllerLossTimeout(time.Second), initiator.WithQPTimeout(time.Second))
 	data := make([]byte, 256<<10)
 	for nsid := uint32(1); nsid <= 2; nsid++ {
 		fillPattern(data, 0, uint64(nsid))
@@ -152,16 +154,37 @@ func TestFinalFlushOnAHungDeviceIsBounded(t *testing.T) {
 		}
 	}
 	t.Cleanup(free)
-	r.faulty[1].Intercept(blockdev.OpWrite|blockdev.OpWriteFUA|blockdev.OpFlush, func(blockdev.Op, int64, int64) error {
+	entered := make(chan struct{}, 1)
+	r.faulty[1].Intercept(blockdev.OpWrite|blockdev.OpWriteFUA|blockdev.OpFlush, func(op blockdev.Op, _, _ int64) error {
+		if op == blockdev.OpWriteFUA {
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+		}
 		<-release
 		return nil
 	})
+	stuck := make(chan error, 1)
+	n1 := openNamespace(t, c, 1)
+	go func() {
+		_, err := n1.WriteAtFUA(make([]byte, blockSize), 1<<20)
+		stuck <- err
+	}()
+	select {
+	case <-entered:
+	case err := <-stuck:
+		t.Fatalf("the FUA write did not reach the device: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the FUA write did not reach the device in 30 s")
+	}
 
 	se, _ := shutdownWithin(t, r)
-	if !se.TimedOut || se.Waiting != "flushing the namespaces" || se.Marker != target.MarkerNotWritten || len(se.Namespaces) != 2 {
+	if !se.TimedOut || se.Waiting != "flushing the namespaces" || se.Drain == nil || se.Marker != target.MarkerNotWritten ||
+		len(se.Namespaces) != 2 {
 		t.Fatalf("report %+v", se)
 	}
-	if ns := se.Namespaces[0]; ns.Flushed || ns.Err == nil || !strings.Contains(ns.Err.Error(), "at the deadline") {
+	if ns := se.Namespaces[0]; ns.Flushed || ns.Err == nil || !strings.Contains(ns.Err.Error(), "still waiting for its commands at the deadline") {
 		t.Fatalf("namespace 1 on the hung device: %+v", ns)
 	}
 	if ns := se.Namespaces[1]; !ns.Flushed {
@@ -174,9 +197,15 @@ func TestFinalFlushOnAHungDeviceIsBounded(t *testing.T) {
 		t.Errorf("message does not name namespace 1 as not flushed")
 	}
 
-	// The device answers again: the abandoned stop finishes in the
-	// background and frees the data directory, without a marker.
+	// The device answers again: the stuck write ends (failed or not, its
+	// connection is gone), the abandoned stop finishes in the background
+	// and frees the data directory, without a marker.
 	free()
+	select {
+	case <-stuck:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stuck FUA write did not end within 30 s of the device answering")
+	}
 	if !eventually(30*time.Second, func() bool { return r.start("") == nil }) {
 		t.Fatal("no restart within 30 s of the device answering again")
 	}
