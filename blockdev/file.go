@@ -25,7 +25,7 @@ var _ interface {
 type File struct {
 	path      string
 	f         *os.File
-	fd        int // f's descriptor, cached: valid while mu is held shared and !closed
+	fd        int          // f's descriptor, cached: valid while mu is held shared and !closed
 	size      atomic.Int64 // grows only (Grow)
 	blockSize int
 	isDevice  bool
