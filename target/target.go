@@ -73,6 +73,7 @@ type config struct {
 	busyPoll       time.Duration
 	fenceTimeout   time.Duration
 	metaProbe      time.Duration
+	manage         manageConfig // manage.go
 }
 
 // WithProvider sets the nprdma provider (default nprdma/tcp).
@@ -188,6 +189,8 @@ type Target struct {
 	inflight sync.WaitGroup // commands executing (not parked AERs)
 	tags     atomic.Uint64
 	genCtr   atomic.Uint64 // discovery log generation
+
+	manageMu sync.Mutex // orders the management operations (manage.go)
 }
 
 // New creates a target. Add subsystems and namespaces, then Start it.
@@ -425,10 +428,10 @@ func (t *Target) Controllers() int {
 
 // ControllerInfo describes a live controller.
 type ControllerInfo struct {
-	CNTLID    uint16
-	Subsystem string
-	HostNQN   string
-	IOQueues  int
+	CNTLID    uint16 `json:"cntlid"`
+	Subsystem string `json:"subsystem"`
+	HostNQN   string `json:"host_nqn"`
+	IOQueues  int    `json:"io_queues"`
 }
 
 // ControllerList describes the live controllers.
