@@ -413,7 +413,7 @@ func (c *controller) regionDescriptor(r *fabric.Request) result {
 		return result{err: nvme.Errorf(nvme.StatusInternalError, "register namespace %d: %w", n.nsid, err)}
 	}
 	d := nvme.RegionDescriptor{Format: nvme.RegionDescriptorFormat1,
-		Flags:    nvme.RegionRemoteRead | nvme.RegionUnpinned | nvme.RegionAdvise,
+		Flags: nvme.RegionRemoteRead | nvme.RegionUnpinned | nvme.RegionAdvise,
 		// The registration's length, not the namespace's: a resize since
 		// (ResizeNamespace) is covered by the next registration.
 		PageSize: BlockSize, Address: mr.Addr(), Length: uint64(mr.Len()), RKey: mr.RKey(),
