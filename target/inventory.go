@@ -4,67 +4,12 @@ import (
 	"encoding/hex"
 
 	"github.com/nprdma/nprdma/swap"
+	"github.com/nprdma/nprdma/target/manage"
 )
 
-// Inventory is what a target serves and what it has left: its subsystems
-// with their hosts, controllers and namespaces, its DRAM and the capacity
-// of its volume directory. The JSON is the management API's.
-type Inventory struct {
-	// MemoryBytes is the DRAM of all namespaces' budgets together
-	// (WithMemory; 0: not accounted); MemoryBudgetedBytes what the
-	// namespaces hold of it, MemoryFreeBytes what is left for new ones.
-	MemoryBytes         int64 `json:"memory_bytes"`
-	MemoryBudgetedBytes int64 `json:"memory_budgeted_bytes"`
-	MemoryFreeBytes     int64 `json:"memory_free_bytes"`
-	// VolumeDir is where the target creates backing files ("": it does
-	// not). CapacityBytes is the size of its file system; AvailableBytes
-	// what new namespaces may still take of it: the free space less what
-	// the files the target created, sparse, may still claim.
-	VolumeDir      string `json:"volume_dir,omitempty"`
-	CapacityBytes  int64  `json:"capacity_bytes"`
-	AvailableBytes int64  `json:"available_bytes"`
-	// ProvisionedBytes is the size of every namespace together.
-	ProvisionedBytes int64           `json:"provisioned_bytes"`
-	Subsystems       []SubsystemInfo `json:"subsystems"`
-}
-
-// SubsystemInfo describes a subsystem.
-type SubsystemInfo struct {
-	NQN          string           `json:"nqn"`
-	Serial       string           `json:"serial"`
-	Managed      bool             `json:"managed"` // created through the management API
-	AllowAnyHost bool             `json:"allow_any_host"`
-	Hosts        []string         `json:"hosts"`
-	Controllers  []ControllerInfo `json:"controllers"`
-	Namespaces   []NamespaceInfo  `json:"namespaces"`
-}
-
-// NamespaceInfo describes a namespace.
-type NamespaceInfo struct {
-	NSID    uint32 `json:"nsid"`
-	Name    string `json:"name,omitempty"`
-	Managed bool   `json:"managed"` // created through the management API
-	Backing string `json:"backing"`
-	// OwnsBacking: the target created the backing file and removes it with
-	// the namespace.
-	OwnsBacking bool   `json:"owns_backing"`
-	SizeBytes   int64  `json:"size_bytes"`
-	MaxBytes    int64  `json:"max_size_bytes"` // how large it may grow while served
-	NGUID       string `json:"nguid"`
-	UUID        string `json:"uuid"`
-	// BudgetBytes is its DRAM budget; ResidentBytes and DirtyBytes what it
-	// holds of it now (dirty: not yet on the backing).
-	BudgetBytes   int64 `json:"budget_bytes"`
-	ResidentBytes int64 `json:"resident_bytes"`
-	DirtyBytes    int64 `json:"dirty_bytes"`
-	// UsedBytes is what its backing file takes on its file system (a
-	// sparse file: what was written); for a block device its size.
-	UsedBytes int64 `json:"used_bytes"`
-}
-
 // Inventory describes what the target serves now.
-func (t *Target) Inventory() (Inventory, error) {
-	inv := Inventory{MemoryBytes: t.cfg.manage.memory, VolumeDir: t.cfg.manage.volumeDir, Subsystems: []SubsystemInfo{}}
+func (t *Target) Inventory() (manage.Inventory, error) {
+	inv := manage.Inventory{MemoryBytes: t.cfg.manage.memory, VolumeDir: t.cfg.manage.volumeDir, Subsystems: []manage.SubsystemInfo{}}
 	if inv.VolumeDir != "" {
 		var err error
 		if inv.CapacityBytes, _, err = t.volumeSpace(); err != nil {
@@ -76,14 +21,14 @@ func (t *Target) Inventory() (Inventory, error) {
 	}
 	ctrls := t.ControllerList()
 	for _, s := range t.Subsystems() {
-		si := SubsystemInfo{NQN: s.nqn, Serial: s.serial, Managed: s.managed, AllowAnyHost: s.AllowsAnyHost(),
-			Hosts: s.Hosts(), Controllers: []ControllerInfo{}, Namespaces: []NamespaceInfo{}}
+		si := manage.SubsystemInfo{NQN: s.nqn, Serial: s.serial, Managed: s.managed, AllowAnyHost: s.AllowsAnyHost(),
+			Hosts: s.Hosts(), Controllers: []manage.ControllerInfo{}, Namespaces: []manage.NamespaceInfo{}}
 		if si.Hosts == nil {
 			si.Hosts = []string{}
 		}
 		for _, c := range ctrls {
 			if c.Subsystem == s.nqn {
-				si.Controllers = append(si.Controllers, c)
+				si.Controllers = append(si.Controllers, manage.ControllerInfo{CNTLID: c.CNTLID, HostNQN: c.HostNQN, IOQueues: c.IOQueues})
 			}
 		}
 		for _, n := range s.Namespaces() {
@@ -100,8 +45,8 @@ func (t *Target) Inventory() (Inventory, error) {
 	return inv, nil
 }
 
-func (n *Namespace) info() NamespaceInfo {
-	ni := NamespaceInfo{NSID: n.nsid, Name: n.Name(), Managed: n.Managed(), Backing: n.Backing(),
+func (n *Namespace) info() manage.NamespaceInfo {
+	ni := manage.NamespaceInfo{Subsystem: n.sub.nqn, NSID: n.nsid, Name: n.Name(), Managed: n.Managed(), Backing: n.Backing(),
 		SizeBytes: n.Size(), MaxBytes: n.Size(), NGUID: hex.EncodeToString(n.nguid[:]), UUID: n.uuid.String(),
 		BudgetBytes: n.budget()}
 	if n.managed != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nvme"
+	"github.com/nprdma/nprdma/target/manage"
 )
 
 // Management at run time: subsystems, hosts and namespaces created, grown and
@@ -23,18 +24,19 @@ import (
 // ("Management") has the rules: which of the configuration and the API wins,
 // the DRAM budget of a new namespace, the capacity of the volume directory.
 
-// Errors of the management operations, found with errors.Is. A refusal
-// because the metadata store failed wraps ErrMetadataStore.
+// Errors of the management operations, found with errors.Is (the kinds of
+// package manage, which the management API carries to its clients). A
+// refusal because the metadata store failed wraps ErrMetadataStore.
 var (
-	ErrExists     = errors.New("exists already")
-	ErrNotFound   = errors.New("does not exist")
-	ErrInUse      = errors.New("in use")
-	ErrNoCapacity = errors.New("not enough capacity")
-	ErrInvalid    = errors.New("invalid request")
+	ErrExists     = manage.ErrExists
+	ErrNotFound   = manage.ErrNotFound
+	ErrInUse      = manage.ErrInUse
+	ErrNoCapacity = manage.ErrNoCapacity
+	ErrInvalid    = manage.ErrInvalid
 	// ErrConfigured: the object comes from the target's configuration
 	// (flags or config file), which would bring it back at the next start:
 	// change it there.
-	ErrConfigured = errors.New("owned by the configuration")
+	ErrConfigured = manage.ErrConfigured
 )
 
 // DefaultVolumeGrowth and DefaultVolumeReserve make DefaultMaxSize.

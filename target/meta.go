@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/nprdma/nprdma/target/manage"
 	"golang.org/x/sys/unix"
 )
 
@@ -53,7 +54,7 @@ type metaStore struct {
 
 // ErrMetadataStore is what errors.Is finds in the error of an operation
 // refused because the metadata store has failed.
-var ErrMetadataStore = errors.New("metadata store failed")
+var ErrMetadataStore = manage.ErrMetadataStore
 
 // MetadataError says why and since when the metadata store is failed.
 type MetadataError struct {

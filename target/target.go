@@ -428,10 +428,10 @@ func (t *Target) Controllers() int {
 
 // ControllerInfo describes a live controller.
 type ControllerInfo struct {
-	CNTLID    uint16 `json:"cntlid"`
-	Subsystem string `json:"subsystem"`
-	HostNQN   string `json:"host_nqn"`
-	IOQueues  int    `json:"io_queues"`
+	CNTLID    uint16
+	Subsystem string
+	HostNQN   string
+	IOQueues  int
 }
 
 // ControllerList describes the live controllers.
