@@ -88,7 +88,7 @@ func serve(cc *cli.Context) error {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return fmt.Errorf("--data-dir: %w", err)
 	}
-	if len(subs) == 0 {
+	if len(subs) == 0 && !cc.Bool("no-default-namespace") {
 		// The embedded default: a sparse file under the data directory.
 		size, err := parseSize(cc.String("default-size"))
 		if err != nil {
@@ -111,12 +111,26 @@ func serve(cc *cli.Context) error {
 			AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: []namespaceSpec{{NSID: 1, Backing: path}}}}
 	}
 
+	openBacking := func(path string) (blockdev.Device, error) {
+		openOpts := []blockdev.Option{blockdev.WithLogger(log)}
+		if cc.Bool("io-uring") {
+			openOpts = append(openOpts, blockdev.WithIOUring())
+		}
+		return blockdev.Open(path, openOpts...)
+	}
+	mgmt, err := manageFromFlags(cc, dataDir)
+	if err != nil {
+		return err
+	}
 	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.String("listen")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
-		target.WithQueueDepth(cc.Int("queue-depth"))}
+		target.WithQueueDepth(cc.Int("queue-depth")), target.WithBackingOpener(openBacking),
+		target.WithVolumeDir(mgmt.volumeDir)}
 	opts = append(opts, lims.options()...)
 	if cc.Bool("pin") {
 		opts = append(opts, target.WithPinnedBudget(memory))
+	} else {
+		opts = append(opts, target.WithMemory(memory))
 	}
 	if d := cc.Duration("busy-poll"); d > 0 {
 		opts = append(opts, target.WithBusyPoll(d))
@@ -147,11 +161,7 @@ func serve(cc *cli.Context) error {
 	}
 	for i, s := range subs {
 		for _, ns := range s.Namespaces {
-			openOpts := []blockdev.Option{blockdev.WithLogger(log)}
-			if cc.Bool("io-uring") {
-				openOpts = append(openOpts, blockdev.WithIOUring())
-			}
-			dev, err := blockdev.Open(ns.Backing, openOpts...)
+			dev, err := openBacking(ns.Backing)
 			if err != nil {
 				closeAll()
 				return fmt.Errorf("backing %s: %w", ns.Backing, err)
@@ -163,19 +173,32 @@ func serve(cc *cli.Context) error {
 			devs = append(devs, opened{i, ns, dev})
 		}
 	}
+	tg, err := target.New(opts...)
+	if err != nil {
+		closeAll()
+		return err
+	}
+	// The namespaces the management API created keep the budgets they were
+	// given; the configuration's share what they leave.
+	managed, err := tg.ManagedBudgets()
+	if err != nil {
+		tg.Close()
+		closeAll()
+		return err
+	}
+	if managed > memory && !cc.Bool("pin") {
+		tg.Close()
+		closeAll()
+		return fmt.Errorf("--memory %s: the namespaces created through the management API hold DRAM budgets of %s together: raise --memory", formatSize(memory), formatSize(managed))
+	}
 	var sizes, fixed []int64
 	for _, o := range devs {
 		sizes = append(sizes, o.dev.Size())
 		fixed = append(fixed, o.spec.budget)
 	}
-	budgets, err := splitBudget(memory, sizes, fixed)
+	budgets, err := splitBudget(max(memory-managed, 0), sizes, fixed)
 	if err != nil {
-		closeAll()
-		return err
-	}
-
-	tg, err := target.New(opts...)
-	if err != nil {
+		tg.Close()
 		closeAll()
 		return err
 	}
@@ -214,7 +237,27 @@ func serve(cc *cli.Context) error {
 			log.Warn("no host may connect to this subsystem: add --allow-host NQN or --allow-any-host", "subsystem", s.NQN)
 		}
 	}
+	restored, err := tg.RestoreManaged()
+	if err != nil {
+		tg.Close()
+		return err
+	}
+	for _, what := range restored.Namespaces {
+		summary = append(summary, what+" (created through the management API)")
+	}
+	if len(restored.Subsystems)+len(restored.Namespaces)+len(restored.Skipped) > 0 {
+		log.Info("restored what the management API created", "subsystems", len(restored.Subsystems),
+			"namespaces", len(restored.Namespaces), "skipped", restored.Skipped)
+	}
+	if len(summary) == 0 {
+		summary = append(summary, "no namespace yet")
+	}
 	if err := tg.Start(); err != nil {
+		tg.Close()
+		return err
+	}
+	stopManage, err := mgmt.serve(tg, log)
+	if err != nil {
 		tg.Close()
 		return err
 	}
@@ -264,6 +307,7 @@ func serve(cc *cli.Context) error {
 	// The metrics server answers until the end (/readyz says "shutting
 	// down"), then is closed at once: waiting for its clients would take
 	// from the bound.
+	stopManage()
 	err = tg.Shutdown(sctx)
 	if metricsSrv != nil {
 		metricsSrv.Close()
