@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/nprdma/nprdma/internal/sizes"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -100,7 +101,7 @@ func sizeFlag(cc *cli.Context, name string) (int64, error) {
 	if v == "" {
 		return 0, nil
 	}
-	n, err := parseSize(v)
+	n, err := sizes.Parse(v)
 	if err != nil {
 		return 0, fmt.Errorf("--%s: %w", name, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nprdma/nprdma/internal/sizes"
 	"log/slog"
 	"net"
 	"net/http"
@@ -67,12 +68,12 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	memory, err := parseSize(cc.String("memory"))
+	memory, err := sizes.Parse(cc.String("memory"))
 	if err != nil {
 		return fmt.Errorf("--memory: %w", err)
 	}
 	if memory < minMemory {
-		return fmt.Errorf("--memory %s: at least %s (the DRAM all namespaces may use together)", cc.String("memory"), formatSize(minMemory))
+		return fmt.Errorf("--memory %s: at least %s (the DRAM all namespaces may use together)", cc.String("memory"), sizes.Format(minMemory))
 	}
 	subs, err := subsystemsFromFlags(cc)
 	if err != nil {
@@ -90,7 +91,7 @@ func serve(cc *cli.Context) error {
 	}
 	if len(subs) == 0 && !cc.Bool("no-default-namespace") {
 		// The embedded default: a sparse file under the data directory.
-		size, err := parseSize(cc.String("default-size"))
+		size, err := sizes.Parse(cc.String("default-size"))
 		if err != nil {
 			return fmt.Errorf("--default-size: %w", err)
 		}
@@ -101,11 +102,11 @@ func serve(cc *cli.Context) error {
 			if err := blockdev.Create(path, size); err != nil {
 				return fmt.Errorf("--default-size: %w", err)
 			}
-			log.Info("created the default backing file", "path", path, "size", formatSize(size))
+			log.Info("created the default backing file", "path", path, "size", sizes.Format(size))
 		case err == nil && st.Size() != size && cc.IsSet("default-size"):
 			// Its data is the namespace: never resized behind the user's back.
 			log.Warn("the default backing file exists: serving it at its own size, --default-size ignored",
-				"path", path, "size", formatSize(st.Size()), "default-size", formatSize(size))
+				"path", path, "size", sizes.Format(st.Size()), "default-size", sizes.Format(size))
 		}
 		subs = []subsystemSpec{{NQN: cc.String("nqn"), AllowHosts: cc.StringSlice("allow-host"),
 			AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: []namespaceSpec{{NSID: 1, Backing: path}}}}
@@ -189,14 +190,14 @@ func serve(cc *cli.Context) error {
 	if managed > memory && !cc.Bool("pin") {
 		tg.Close()
 		closeAll()
-		return fmt.Errorf("--memory %s: the namespaces created through the management API hold DRAM budgets of %s together: raise --memory", formatSize(memory), formatSize(managed))
+		return fmt.Errorf("--memory %s: the namespaces created through the management API hold DRAM budgets of %s together: raise --memory", sizes.Format(memory), sizes.Format(managed))
 	}
-	var sizes, fixed []int64
+	var devSizes, fixed []int64
 	for _, o := range devs {
-		sizes = append(sizes, o.dev.Size())
+		devSizes = append(devSizes, o.dev.Size())
 		fixed = append(fixed, o.spec.budget)
 	}
-	budgets, err := splitBudget(max(memory-managed, 0), sizes, fixed)
+	budgets, err := splitBudget(max(memory-managed, 0), devSizes, fixed)
 	if err != nil {
 		tg.Close()
 		closeAll()
@@ -224,14 +225,14 @@ func serve(cc *cli.Context) error {
 				}
 				return err
 			}
-			dram := "DRAM " + formatSize(budgets[j])
+			dram := "DRAM " + sizes.Format(budgets[j])
 			switch {
 			case n.Pinned():
 				dram = "held in pinned DRAM"
 			case !n.OneSided():
 				dram = "larger than the pinned DRAM left: two-sided only"
 			}
-			summary = append(summary, fmt.Sprintf("%s ns %d = %s (%s, %s)", s.NQN, n.NSID(), o.spec.Backing, formatSize(n.Size()), dram))
+			summary = append(summary, fmt.Sprintf("%s ns %d = %s (%s, %s)", s.NQN, n.NSID(), o.spec.Backing, sizes.Format(n.Size()), dram))
 		}
 		if !s.AllowAnyHost && len(sub.Hosts()) == 0 {
 			log.Warn("no host may connect to this subsystem: add --allow-host NQN or --allow-any-host", "subsystem", s.NQN)
@@ -275,7 +276,7 @@ func serve(cc *cli.Context) error {
 	}
 	mode := "unpinned (NP-RDMA)"
 	if cc.Bool("pin") {
-		mode = "PINNED baseline (" + formatSize(memory) + " pinned at start)"
+		mode = "PINNED baseline (" + sizes.Format(memory) + " pinned at start)"
 	}
 	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), prov.Name(), tg.Addr(), mode, tg.PreviousRun().String()))
 
@@ -354,10 +355,10 @@ func subsystemsFromFlags(cc *cli.Context) ([]subsystemSpec, error) {
 // memory (what the explicit budgets leave) in proportion to its size. The
 // pinned baseline (--pin) ignores the shares: it pins the whole of memory
 // and places namespaces in it while they fit.
-func splitBudget(memory int64, sizes, fixed []int64) ([]int64, error) {
-	out := make([]int64, len(sizes))
+func splitBudget(memory int64, nsSizes, fixed []int64) ([]int64, error) {
+	out := make([]int64, len(nsSizes))
 	var fixedSum, freeSizes int64
-	for i, s := range sizes {
+	for i, s := range nsSizes {
 		if fixed[i] > 0 {
 			out[i] = fixed[i]
 			fixedSum += fixed[i]
@@ -366,10 +367,10 @@ func splitBudget(memory int64, sizes, fixed []int64) ([]int64, error) {
 		}
 	}
 	if fixedSum > memory {
-		return nil, fmt.Errorf("namespace budgets add up to %s, more than --memory %s", formatSize(fixedSum), formatSize(memory))
+		return nil, fmt.Errorf("namespace budgets add up to %s, more than --memory %s", sizes.Format(fixedSum), sizes.Format(memory))
 	}
 	left := memory - fixedSum
-	for i, s := range sizes {
+	for i, s := range nsSizes {
 		if out[i] == 0 && freeSizes > 0 {
 			share := int64(float64(left) * float64(s) / float64(freeSizes))
 			out[i] = max(share/4096*4096, 16*4096)

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nprdma/nprdma/initiator/blockio"
+	"github.com/nprdma/nprdma/internal/caps"
 )
 
 // growable is a backend whose size grows when the test says so, as an
@@ -81,7 +81,7 @@ func TestResizeGrowsTheMountedLoopDevice(t *testing.T) {
 	if st, err := os.Stat(a.File()); err != nil || st.Size() != 96<<20 {
 		t.Fatalf("FUSE file after Resize: %v %v", st, err)
 	}
-	if hasCapability(unix.CAP_SYS_RESOURCE) {
+	if caps.Effective(unix.CAP_SYS_RESOURCE) {
 		run(t, "resize2fs", dev) // online
 	} else {
 		// ext4's online resize (EXT4_IOC_RESIZE_FS) wants CAP_SYS_RESOURCE,
@@ -134,19 +134,4 @@ func TestResizeGrowsTheMountedLoopDevice(t *testing.T) {
 	if err := a.Resize(); err == nil || err == syscall.Errno(0) {
 		t.Fatal("Resize after Detach succeeded")
 	}
-}
-
-// hasCapability reports whether this process's effective set holds c.
-func hasCapability(c int) bool {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			return err == nil && n&(1<<c) != 0
-		}
-	}
-	return false
 }
