@@ -7,7 +7,9 @@ import (
 	"github.com/nprdma/nprdma/internal/sizes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/nprdma/nprdma/target/manage"
 	"github.com/urfave/cli/v2"
@@ -106,4 +108,48 @@ func sizeFlag(cc *cli.Context, name string) (int64, error) {
 		return 0, fmt.Errorf("--%s: %w", name, err)
 	}
 	return n, nil
+}
+
+// ctlBoolFlags are the ctl flags that take no value.
+var ctlBoolFlags = map[string]bool{"--force": true, "--allow-any-host": true, "--help": true, "-h": true}
+
+// interspersed lets a ctl command take its flags after its arguments, as
+// nvme-cli's do (`ctl create-ns NQN --size 1GiB`): the command line parser
+// stops at the first argument, so the arguments after the command's name
+// are moved behind its flags. Other command lines are left as they are.
+func interspersed(args []string) []string {
+	i := slices.Index(args, "ctl")
+	if i < 0 || i+1 >= len(args) {
+		return args
+	}
+	// Past ctl's own flags to its command.
+	j := i + 1
+	for j < len(args) && strings.HasPrefix(args[j], "-") {
+		if !strings.Contains(args[j], "=") && !ctlBoolFlags[args[j]] {
+			j++
+		}
+		j++
+	}
+	if j >= len(args) {
+		return args
+	}
+	out := slices.Clone(args[:j+1])
+	var positional []string
+	for k := j + 1; k < len(args); k++ {
+		a := args[k]
+		switch {
+		case a == "--":
+			positional = append(positional, args[k+1:]...)
+			k = len(args)
+		case strings.HasPrefix(a, "-"):
+			out = append(out, a)
+			if !strings.Contains(a, "=") && !ctlBoolFlags[a] && k+1 < len(args) {
+				k++
+				out = append(out, args[k])
+			}
+		default:
+			positional = append(positional, a)
+		}
+	}
+	return append(out, positional...)
 }

@@ -15,7 +15,7 @@ import (
 )
 
 func main() {
-	if err := newApp().Run(os.Args); err != nil {
+	if err := newApp().Run(interspersed(os.Args)); err != nil {
 		fmt.Fprintln(os.Stderr, "nprdma-target:", err)
 		os.Exit(1)
 	}

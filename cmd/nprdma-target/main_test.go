@@ -83,6 +83,10 @@ func TestSplitBudget(t *testing.T) {
 	if got[0] != 60<<20 || got[1] != 20<<20 || got[2] != 20<<20 {
 		t.Fatalf("split %v", got)
 	}
+	// A share never exceeds its namespace: the rest stays free.
+	if got, err := splitBudget(1<<30, []int64{64 << 20, 192 << 20}, []int64{0, 0}); err != nil || got[0] != 64<<20 || got[1] != 192<<20 {
+		t.Fatalf("split of more memory than the namespaces hold: %v %v", got, err)
+	}
 	if _, err := splitBudget(10<<20, []int64{1 << 30}, []int64{20 << 20}); err == nil {
 		t.Fatal("budgets beyond --memory accepted")
 	}

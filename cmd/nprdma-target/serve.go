@@ -352,7 +352,8 @@ func subsystemsFromFlags(cc *cli.Context) ([]subsystemSpec, error) {
 }
 
 // splitBudget gives each namespace without a budget of its own a share of
-// memory (what the explicit budgets leave) in proportion to its size. The
+// memory (what the explicit budgets leave) in proportion to its size, at
+// most its size. The
 // pinned baseline (--pin) ignores the shares: it pins the whole of memory
 // and places namespaces in it while they fit.
 func splitBudget(memory int64, nsSizes, fixed []int64) ([]int64, error) {
@@ -372,7 +373,9 @@ func splitBudget(memory int64, nsSizes, fixed []int64) ([]int64, error) {
 	left := memory - fixedSum
 	for i, s := range nsSizes {
 		if out[i] == 0 && freeSizes > 0 {
-			share := int64(float64(left) * float64(s) / float64(freeSizes))
+			// No more than the namespace itself: what it cannot use stays
+			// free for namespaces created through the management API.
+			share := min(int64(float64(left)*float64(s)/float64(freeSizes)), s)
 			out[i] = max(share/4096*4096, 16*4096)
 		}
 	}

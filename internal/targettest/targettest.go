@@ -5,7 +5,6 @@ package targettest
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -61,7 +60,13 @@ func Start(t testing.TB, dataDir, listen string, args ...string) *Proc {
 		p.err = p.cmd.Wait()
 		close(p.exited)
 	}()
-	t.Cleanup(func() { p.Stop(t) })
+	t.Cleanup(func() {
+		select {
+		case <-p.exited: // the test saw to its end
+		default:
+			p.Stop(t)
+		}
+	})
 	select {
 	case <-p.out.Ready():
 		p.Addr = p.out.Addr()
@@ -77,26 +82,34 @@ func Start(t testing.TB, dataDir, listen string, args ...string) *Proc {
 // Log is what the target wrote on standard error.
 func (p *Proc) Log() string { return p.out.Log() }
 
-// Stop sends SIGTERM and waits for a clean exit (SIGKILL after 30 s); a
-// stop that is not clean fails the test. Stopping twice does nothing.
+// Stop sends SIGTERM and waits for a clean exit; a stop that is not clean
+// fails the test. A target still running when the test ends is stopped so.
 func (p *Proc) Stop(t testing.TB) {
+	t.Helper()
+	if code := p.Exit(t); code != 0 {
+		t.Errorf("nprdma-target stopped with exit status %d:\n%s", code, p.out.Log())
+	}
+}
+
+// Exit sends SIGTERM (SIGKILL after 30 s, failing the test) and returns the
+// exit status; after an exit it returns the status again.
+func (p *Proc) Exit(t testing.TB) int {
 	t.Helper()
 	select {
 	case <-p.exited:
-		return
 	default:
-	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(30 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.exited
-		t.Errorf("nprdma-target did not stop within 30 s of SIGTERM:\n%s", p.out.Log())
-		return
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(30 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.exited
+			t.Errorf("nprdma-target did not stop within 30 s of SIGTERM:\n%s", p.out.Log())
+		}
 	}
 	var ee *exec.ExitError
 	if errors.As(p.err, &ee) {
-		t.Errorf("nprdma-target stopped with %v:\n%s", fmt.Sprint(p.err), p.out.Log())
+		return ee.ExitCode()
 	}
+	return 0
 }
