@@ -242,8 +242,9 @@ func (c controller) lookup(id string) (volume, Target, *manage.Client, error) {
 	return v, t, mc, nil
 }
 
-// namespaceOf finds the volume's namespace on its target (nil: none).
-func namespaceOf(ctx context.Context, mc *manage.Client, v volume) (*manage.NamespaceInfo, error) {
+// namespaceOf finds the volume's namespace on its target t; none is
+// NotFound.
+func namespaceOf(ctx context.Context, mc *manage.Client, t Target, v volume) (*manage.NamespaceInfo, error) {
 	inv, err := mc.Inventory(ctx)
 	if err != nil {
 		return nil, grpcError(err, "volume %s", v.id())
@@ -257,7 +258,7 @@ func namespaceOf(ctx context.Context, mc *manage.Client, v volume) (*manage.Name
 			}
 		}
 	}
-	return nil, nil
+	return nil, status.Errorf(codes.NotFound, "volume %s does not exist on target %s", v.id(), t.Name)
 }
 
 func (c controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRequest) (*csipb.DeleteVolumeResponse, error) {
@@ -302,12 +303,8 @@ func (c controller) ControllerPublishVolume(ctx context.Context, req *csipb.Cont
 		return nil, status.Errorf(codes.NotFound, "node %q: not an nprdma node (its ID is its host NQN): %v", req.GetNodeId(), err)
 	}
 	defer c.d.locks.lock(v.id())()
-	n, err := namespaceOf(ctx, mc, v)
-	if err != nil {
+	if _, err := namespaceOf(ctx, mc, t, v); err != nil {
 		return nil, err
-	}
-	if n == nil {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist on target %s", v.id(), t.Name)
 	}
 	if err := mc.AddHost(ctx, manage.HostParams{NQN: v.nqn(), Host: req.GetNodeId()}); err != nil {
 		return nil, grpcError(err, "target %s: publishing volume %s to %s", t.Name, v.id(), req.GetNodeId())
@@ -357,12 +354,8 @@ func (c controller) ValidateVolumeCapabilities(ctx context.Context, req *csipb.V
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "no volume capabilities")
 	}
-	n, err := namespaceOf(ctx, mc, v)
-	if err != nil {
+	if _, err := namespaceOf(ctx, mc, t, v); err != nil {
 		return nil, err
-	}
-	if n == nil {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist on target %s", v.id(), t.Name)
 	}
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return &csipb.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
@@ -397,12 +390,9 @@ func (c controller) ControllerExpandVolume(ctx context.Context, req *csipb.Contr
 		return nil, err
 	}
 	defer c.d.locks.lock(v.id())()
-	n, err := namespaceOf(ctx, mc, v)
+	n, err := namespaceOf(ctx, mc, t, v)
 	if err != nil {
 		return nil, err
-	}
-	if n == nil {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist on target %s", v.id(), t.Name)
 	}
 	if size > n.SizeBytes {
 		info, err := mc.ResizeNamespace(ctx, manage.ResizeNamespaceParams{NQN: v.nqn(), NSID: volumeNSID, SizeBytes: size})

@@ -58,6 +58,23 @@ func where(pub, vol map[string]string) (addr, nqn string, nsid uint32, err error
 	return "", "", 0, status.Errorf(codes.InvalidArgument, "neither the publish context nor the volume context says where the volume is (%s, %s)", ctxAddress, ctxNQN)
 }
 
+// requested checks a node call's volume ID and path (what names the path,
+// for the error) and parses the ID: one this driver never made is
+// NotFound.
+func requested(id, path, what string) (volume, error) {
+	switch {
+	case id == "":
+		return volume{}, status.Error(codes.InvalidArgument, "no volume ID")
+	case path == "":
+		return volume{}, status.Errorf(codes.InvalidArgument, "no %s", what)
+	}
+	v, err := parseVolumeID(id)
+	if err != nil {
+		return v, status.Error(codes.NotFound, err.Error())
+	}
+	return v, nil
+}
+
 // staged is the volume's attachment, or NotFound / FailedPrecondition.
 func (n node) staged(ctx context.Context, v volume) (*attachment, error) {
 	a, err := n.d.attachmentNamed(ctx, v.attachName())
@@ -71,20 +88,15 @@ func (n node) staged(ctx context.Context, v volume) (*attachment, error) {
 }
 
 func (n node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRequest) (*csipb.NodeStageVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "no volume ID")
-	case req.GetStagingTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "no staging target path")
-	case req.GetVolumeCapability() == nil:
+	v, err := requested(req.GetVolumeId(), req.GetStagingTargetPath(), "staging target path")
+	if err != nil {
+		return nil, err
+	}
+	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "no volume capability")
 	}
 	if err := checkCapabilities([]*csipb.VolumeCapability{req.GetVolumeCapability()}); err != nil {
 		return nil, err
-	}
-	v, err := parseVolumeID(req.GetVolumeId())
-	if err != nil {
-		return nil, status.Error(codes.NotFound, err.Error())
 	}
 	addr, nqn, nsid, err := where(req.GetPublishContext(), req.GetVolumeContext())
 	if err != nil {
@@ -166,15 +178,9 @@ func mountOptions(flags []string, readOnly bool) string {
 }
 
 func (n node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolumeRequest) (*csipb.NodeUnstageVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "no volume ID")
-	case req.GetStagingTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "no staging target path")
-	}
-	v, err := parseVolumeID(req.GetVolumeId())
+	v, err := requested(req.GetVolumeId(), req.GetStagingTargetPath(), "staging target path")
 	if err != nil {
-		return nil, status.Error(codes.NotFound, err.Error())
+		return nil, err
 	}
 	defer n.d.locks.lock(v.id())()
 	if err := unmount(req.GetStagingTargetPath()); err != nil {
@@ -196,22 +202,19 @@ func (n node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolum
 }
 
 func (n node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
+	v, err := requested(req.GetVolumeId(), req.GetTargetPath(), "target path")
 	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "no volume ID")
-	case req.GetTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "no target path")
+	case status.Code(err) == codes.InvalidArgument:
+		return nil, err
 	case req.GetVolumeCapability() == nil:
 		return nil, status.Error(codes.InvalidArgument, "no volume capability")
 	case req.GetStagingTargetPath() == "":
 		return nil, status.Error(codes.InvalidArgument, "no staging target path: the volume is staged first")
+	case err != nil:
+		return nil, err
 	}
 	if err := checkCapabilities([]*csipb.VolumeCapability{req.GetVolumeCapability()}); err != nil {
 		return nil, err
-	}
-	v, err := parseVolumeID(req.GetVolumeId())
-	if err != nil {
-		return nil, status.Error(codes.NotFound, err.Error())
 	}
 	defer n.d.locks.lock(v.id())()
 	a, err := n.staged(ctx, v)
@@ -254,13 +257,11 @@ func (n node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolum
 }
 
 func (n node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublishVolumeRequest) (*csipb.NodeUnpublishVolumeResponse, error) {
+	v, err := requested(req.GetVolumeId(), req.GetTargetPath(), "target path")
 	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "no volume ID")
-	case req.GetTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "no target path")
-	}
-	if v, err := parseVolumeID(req.GetVolumeId()); err == nil {
+	case status.Code(err) == codes.InvalidArgument:
+		return nil, err
+	case err == nil:
 		defer n.d.locks.lock(v.id())()
 	}
 	if err := unmount(req.GetTargetPath()); err != nil {
@@ -273,15 +274,9 @@ func (n node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublishV
 }
 
 func (n node) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetVolumeStatsRequest) (*csipb.NodeGetVolumeStatsResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "no volume ID")
-	case req.GetVolumePath() == "":
-		return nil, status.Error(codes.InvalidArgument, "no volume path")
-	}
-	v, err := parseVolumeID(req.GetVolumeId())
+	v, err := requested(req.GetVolumeId(), req.GetVolumePath(), "volume path")
 	if err != nil {
-		return nil, status.Error(codes.NotFound, err.Error())
+		return nil, err
 	}
 	a, err := n.staged(ctx, v)
 	if err != nil {
@@ -314,15 +309,9 @@ func (n node) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetVolumeSt
 }
 
 func (n node) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVolumeRequest) (*csipb.NodeExpandVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "no volume ID")
-	case req.GetVolumePath() == "":
-		return nil, status.Error(codes.InvalidArgument, "no volume path")
-	}
-	v, err := parseVolumeID(req.GetVolumeId())
+	v, err := requested(req.GetVolumeId(), req.GetVolumePath(), "volume path")
 	if err != nil {
-		return nil, status.Error(codes.NotFound, err.Error())
+		return nil, err
 	}
 	defer n.d.locks.lock(v.id())()
 	a, err := n.staged(ctx, v)

@@ -384,24 +384,14 @@ func isMagic(p []byte, magic uint64) bool {
 	return true
 }
 
-// stable is an inventory without what moves by itself (residency, space,
-// controllers), as JSON.
+// stable is the inventory's configuration, as JSON.
 func stable(t testing.TB, tg *target.Target) string {
 	t.Helper()
 	inv, err := tg.Inventory()
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv.CapacityBytes, inv.AvailableBytes = 0, 0
-	for i := range inv.Subsystems {
-		s := &inv.Subsystems[i]
-		s.Controllers = nil
-		for j := range s.Namespaces {
-			n := &s.Namespaces[j]
-			n.ResidentBytes, n.DirtyBytes, n.UsedBytes = 0, 0, 0
-		}
-	}
-	b, err := json.MarshalIndent(inv, "", " ")
+	b, err := json.MarshalIndent(inv.Configuration(), "", " ")
 	if err != nil {
 		t.Fatal(err)
 	}

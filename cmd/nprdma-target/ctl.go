@@ -42,8 +42,8 @@ func ctlCommand() *cli.Command {
 	}
 }
 
-// ctlClient connects to the target the ctl flags name; call ends the
-// command with its result printed.
+// ctlClient makes the client of the target the ctl flags name, and the
+// context bounding the call (--timeout).
 func ctlClient(cc *cli.Context) (*manage.Client, context.Context, context.CancelFunc, error) {
 	endpoint := cc.String("addr")
 	if endpoint == "" {
@@ -63,8 +63,8 @@ func ctlClient(cc *cli.Context) (*manage.Client, context.Context, context.Cancel
 	return c, ctx, cancel, nil
 }
 
-// ctlRun runs one call with the client of the ctl flags and prints its
-// result (v, after call filled it) as indented JSON.
+// ctlRun runs call with the client of the ctl flags and prints what it
+// returns as indented JSON.
 func ctlRun(cc *cli.Context, call func(context.Context, *manage.Client) (any, error)) error {
 	c, ctx, cancel, err := ctlClient(cc)
 	if err != nil {
@@ -87,6 +87,15 @@ func ctlArgs(cc *cli.Context, names ...string) error {
 		return fmt.Errorf("%s: want %d arguments (%v), got %d: see --help", cc.Command.Name, len(names), names, cc.NArg())
 	}
 	return nil
+}
+
+// nsArgs reads the NQN NSID arguments of a namespace command.
+func nsArgs(cc *cli.Context) (string, uint32, error) {
+	if err := ctlArgs(cc, "NQN", "NSID"); err != nil {
+		return "", 0, err
+	}
+	nsid, err := parseNSID(cc.Args().Get(1))
+	return cc.Args().Get(0), nsid, err
 }
 
 func parseNSID(s string) (uint32, error) {

@@ -19,14 +19,11 @@ func ctlDeleteNS() *cli.Command {
 			"the others. A namespace of the target's configuration is refused (configured).",
 		Flags: []cli.Flag{&cli.BoolFlag{Name: "force", Usage: "fence connected hosts off the namespace instead of refusing"}},
 		Action: func(cc *cli.Context) error {
-			if err := ctlArgs(cc, "NQN", "NSID"); err != nil {
-				return err
-			}
-			nsid, err := parseNSID(cc.Args().Get(1))
+			nqn, nsid, err := nsArgs(cc)
 			if err != nil {
 				return err
 			}
-			p := manage.RemoveNamespaceParams{NQN: cc.Args().Get(0), NSID: nsid, Force: cc.Bool("force")}
+			p := manage.RemoveNamespaceParams{NQN: nqn, NSID: nsid, Force: cc.Bool("force")}
 			return ctlRun(cc, func(ctx context.Context, c *manage.Client) (any, error) {
 				return true, c.RemoveNamespace(ctx, p)
 			})

@@ -20,10 +20,7 @@ func ctlResizeNS() *cli.Command {
 			"restart) or beyond what the volume directory can hold. Its DRAM budget stays as it was.",
 		Flags: []cli.Flag{&cli.StringFlag{Name: "size", Usage: "the new size (e.g. 20GiB)"}},
 		Action: func(cc *cli.Context) error {
-			if err := ctlArgs(cc, "NQN", "NSID"); err != nil {
-				return err
-			}
-			nsid, err := parseNSID(cc.Args().Get(1))
+			nqn, nsid, err := nsArgs(cc)
 			if err != nil {
 				return err
 			}
@@ -34,7 +31,7 @@ func ctlResizeNS() *cli.Command {
 			if size == 0 {
 				return errors.New("resize-ns: --size is required")
 			}
-			p := manage.ResizeNamespaceParams{NQN: cc.Args().Get(0), NSID: nsid, SizeBytes: size}
+			p := manage.ResizeNamespaceParams{NQN: nqn, NSID: nsid, SizeBytes: size}
 			return ctlRun(cc, func(ctx context.Context, c *manage.Client) (any, error) { return c.ResizeNamespace(ctx, p) })
 		},
 	}

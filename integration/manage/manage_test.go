@@ -65,20 +65,10 @@ func inventory(t *testing.T, p *targettest.Proc) manage.Inventory {
 	return inv
 }
 
-// stable is the inventory without what moves by itself, as JSON.
+// stable is the inventory's configuration, as JSON.
 func stable(t *testing.T, p *targettest.Proc) string {
 	t.Helper()
-	inv := inventory(t, p)
-	inv.CapacityBytes, inv.AvailableBytes = 0, 0
-	for i := range inv.Subsystems {
-		s := &inv.Subsystems[i]
-		s.Controllers = nil
-		for j := range s.Namespaces {
-			n := &s.Namespaces[j]
-			n.ResidentBytes, n.DirtyBytes, n.UsedBytes = 0, 0, 0
-		}
-	}
-	b, _ := json.MarshalIndent(inv, "", " ")
+	b, _ := json.MarshalIndent(inventory(t, p).Configuration(), "", " ")
 	return string(b)
 }
 

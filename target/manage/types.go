@@ -63,3 +63,23 @@ type ControllerInfo struct {
 	HostNQN  string `json:"host_nqn"`
 	IOQueues int    `json:"io_queues"`
 }
+
+// Configuration is the inventory without what changes by itself while the
+// target serves (free space, residency, the connected controllers): what a
+// restart must bring back, and what a refused change must leave alone.
+func (inv Inventory) Configuration() Inventory {
+	inv.CapacityBytes, inv.AvailableBytes = 0, 0
+	subs := make([]SubsystemInfo, len(inv.Subsystems))
+	for i, s := range inv.Subsystems {
+		s.Controllers = nil
+		nss := make([]NamespaceInfo, len(s.Namespaces))
+		for j, n := range s.Namespaces {
+			n.ResidentBytes, n.DirtyBytes, n.UsedBytes = 0, 0, 0
+			nss[j] = n
+		}
+		s.Namespaces = nss
+		subs[i] = s
+	}
+	inv.Subsystems = subs
+	return inv
+}
