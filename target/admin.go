@@ -214,10 +214,8 @@ func (c *controller) identifyController() *nvme.IdentifyController {
 		NP:   t.instance,
 	}
 	if !c.discovery() {
-		id.OAES = uint32(supportedAEC)
-	}
-	if !c.discovery() {
 		id.NPToken = c.token
+		id.OAES = uint32(supportedAEC)
 	}
 	if c.discovery() {
 		id.SN = "discovery"

@@ -37,7 +37,7 @@ type Subsystem struct {
 	nqn    string
 	serial string
 
-	recordMu sync.Mutex // orders changes of the record (AllowHost, DisallowHost)
+	recordMu sync.Mutex // orders changes of the record (AllowHost, Target.RemoveHost)
 	// managed: created through the management API (CreateSubsystem), not by
 	// the configuration; configHosts: the hosts the configuration allows.
 	managed     bool
