@@ -28,7 +28,7 @@ func ctlCommand() *cli.Command {
 			"at once, without disturbing the other namespaces; each is recorded in the target's metadata store first,\n" +
 			"so a restart serves the same, and a target whose store failed refuses every change. Results are JSON.\n" +
 			"Hosts connected to a namespace that is created, resized or deleted get an NVMe Namespace Attribute\n" +
-			"Changed event. See docs/target.md (\"Management\").",
+			"Changed event. See docs/target.md §11.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "socket", Usage: "the target's management socket (default: DATA-DIR/" + manageSocketName + ")"},
 			&cli.StringFlag{Name: "data-dir", Value: "nprdma-data", Usage: "the target's --data-dir, where its socket is unless --socket says otherwise"},

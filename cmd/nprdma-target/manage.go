@@ -16,7 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
-// The management API's endpoints (docs/target.md, "Management").
+// The management API's endpoints (docs/target.md §11).
 const (
 	manageSocketName = "manage.sock"
 	volumeDirName    = "volumes"

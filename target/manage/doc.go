@@ -4,7 +4,7 @@
 // as SPDK's rpc.py names them (nvmf_create_subsystem, nvmf_subsystem_add_ns,
 // ...), errors carrying a negative errno as SPDK's do. The server is the
 // target's (target.ManageHandler); `nprdma-target ctl` and the CSI driver are
-// clients. docs/target.md ("Management") describes the methods.
+// clients. docs/target.md §11 describes the methods.
 //
 // The package imports nothing of the project, so that a client links
 // neither the target nor cgo.
