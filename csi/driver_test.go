@@ -151,3 +151,13 @@ func TestExpandWhileStaged(t *testing.T) {
 		t.Fatalf("staging path still mounted: %+v", m)
 	}
 }
+
+func TestAttachRecordsNameTheDeviceEitherWay(t *testing.T) {
+	var list []attachment
+	if err := decode([]byte(`[{"name":"a","loop_device":"/dev/loop1"},{"name":"b","device":"/dev/loop2"}]`), &list); err != nil {
+		t.Fatal(err)
+	}
+	if list[0].LoopDevice != "/dev/loop1" || list[1].LoopDevice != "/dev/loop2" {
+		t.Fatalf("%+v", list)
+	}
+}

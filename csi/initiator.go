@@ -29,7 +29,32 @@ type attachment struct {
 	NSID       uint32 `json:"nsid"`
 	Size       int64  `json:"size_bytes"`
 	LoopDevice string `json:"loop_device"`
+	// Device is the block device in records that name it so for every
+	// block-device mode; LoopDevice is then set from it (decode).
+	Device     string `json:"device"`
 	LostReason string `json:"lost_reason"`
+}
+
+// decode reads attach records (one, or a list), with LoopDevice set
+// whichever name the record gives the device.
+func decode(b []byte, v any) error {
+	if err := json.Unmarshal(b, v); err != nil {
+		return err
+	}
+	fix := func(a *attachment) {
+		if a.LoopDevice == "" {
+			a.LoopDevice = a.Device
+		}
+	}
+	switch v := v.(type) {
+	case *attachment:
+		fix(v)
+	case *[]attachment:
+		for i := range *v {
+			fix(&(*v)[i])
+		}
+	}
+	return nil
 }
 
 // initiator runs nprdma-initiator with the node's global arguments and
@@ -52,7 +77,7 @@ func (d *Driver) attachmentNamed(ctx context.Context, name string) (*attachment,
 		return nil, err
 	}
 	var all []attachment
-	if err := json.Unmarshal(out, &all); err != nil {
+	if err := decode(out, &all); err != nil {
 		return nil, fmt.Errorf("nprdma-initiator list --json: %w", err)
 	}
 	for _, a := range all {
@@ -72,7 +97,7 @@ func (d *Driver) attach(ctx context.Context, name, addr, nqn string, nsid uint32
 		return nil, err
 	}
 	var a attachment
-	if err := json.Unmarshal(bytes.TrimSpace(out), &a); err != nil {
+	if err := decode(bytes.TrimSpace(out), &a); err != nil {
 		return nil, fmt.Errorf("nprdma-initiator attach --json: %w: %q", err, out)
 	}
 	if a.LoopDevice == "" {
