@@ -27,6 +27,7 @@ func TestGuestStepsAndExitCode(t *testing.T) {
 	res, err := Run(context.Background(), Spec{
 		Env: map[string]string{"GREETING": env},
 		Script: `step first
+sleep 600 & # left running: the run still ends when the script does
 printf '%s\n' "$GREETING" >"$LAB_OUT/greeting"
 echo one
 step second
@@ -391,6 +392,9 @@ func TestGuestHangTimesOutInStep(t *testing.T) {
 	defer os.RemoveAll(res.Dir)
 	if res.FailedStep != "hang" || res.ExitCode != -1 {
 		t.Errorf("failed step %q, exit %d; want \"hang\", -1", res.FailedStep, res.ExitCode)
+	}
+	if !strings.Contains(res.Output, "lab: step hang") {
+		t.Errorf("output of the stopped run lacks the hanging step:\n%s", res.Output)
 	}
 	if n := len(res.Steps); n != 2 || !res.Steps[0].OK || res.Steps[1].OK || res.Steps[1].Duration <= 0 {
 		t.Errorf("steps %+v; want ready OK, hang open with a duration", res.Steps)

@@ -188,7 +188,7 @@ func TestLockFileExcludes(t *testing.T) {
 }
 
 // The guest's scripts are at least valid shell.
-func TestGuestScriptsParse(t *testing.T) {
+func TestScriptsParse(t *testing.T) {
 	for _, name := range []string{"stage2", "lib.sh", "shellrc"} {
 		if out, err := exec.Command("bash", "-n", filepath.Join("guest", name)).CombinedOutput(); err != nil {
 			t.Errorf("bash -n guest/%s: %v\n%s", name, err, out)
