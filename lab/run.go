@@ -206,25 +206,23 @@ func run(ctx context.Context, s Spec, shell bool) (*Result, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var stderr limitedBuffer
 	cmd.Stderr = &stderr
-	var console *os.File
+	// The console: the terminal for a shell, else a pipe read below.
+	var console, consoleW *os.File
 	if shell {
 		cmd.Stdin, cmd.Stdout = os.Stdin, os.Stdout
 		cmd.Stderr = io.MultiWriter(os.Stderr, &stderr)
 	} else {
-		r, w, err := os.Pipe()
-		if err != nil {
+		if console, consoleW, err = os.Pipe(); err != nil {
 			return nil, fmt.Errorf("lab: %w", err)
 		}
-		defer r.Close()
-		cmd.Stdout = w
-		console = r
-		defer w.Close()
+		defer console.Close()
+		cmd.Stdout = consoleW
 	}
 
 	begin := time.Now()
 	waited, err := start(cmd)
-	if console != nil {
-		cmd.Stdout.(*os.File).Close()
+	if consoleW != nil {
+		consoleW.Close() // QEMU holds the write end
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lab: start QEMU: %w", err)
@@ -256,7 +254,7 @@ func run(ctx context.Context, s Spec, shell bool) (*Result, error) {
 		cmd.Process.Kill()
 		waitErr = <-waited
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			stopped = fmt.Errorf("%w after %v", ErrTimeout, s.Timeout)
+			stopped = fmt.Errorf("%w after %v", ErrTimeout, time.Since(begin).Round(time.Millisecond))
 		} else {
 			stopped = ctx.Err()
 		}
