@@ -86,10 +86,14 @@ func KernelNames() []string {
 	return append([]string{defaultKernel}, names...)
 }
 
+// cacheLayout changes whenever fetch prepares a tree differently (the
+// modules decompressed, say), so that no tree of another layout is used.
+const cacheLayout = "1"
+
 // cacheName is the kernel's directory in the cache: a bumped package
-// version is a different directory.
+// version or cache layout is a different directory.
 func (k kernel) cacheName() string {
-	return k.Release + "_" + k.Packages[0].Version
+	return k.Release + "_" + k.Packages[0].Version + "_layout" + cacheLayout
 }
 
 // modulesDir is lib/modules/<release> relative to the unpacked tree.
