@@ -60,7 +60,9 @@ func fetch(ctx context.Context, k kernel, log io.Writer) (string, error) {
 	if err := os.MkdirAll(filepath.Join(CacheDir(), "kernels"), 0o755); err != nil {
 		return "", fmt.Errorf("lab: cache: %w", err)
 	}
-	unlock, err := lockFile(ctx, filepath.Join(CacheDir(), "lock"))
+	unlock, err := lockFile(ctx, filepath.Join(CacheDir(), "lock"), func() {
+		fmt.Fprintf(log, "lab: waiting for another process fetching into %s\n", CacheDir())
+	})
 	if err != nil {
 		return "", err
 	}
@@ -272,8 +274,9 @@ func fileSHA256(path string) (string, error) {
 }
 
 // lockFile takes an exclusive flock on path, polling so that ctx can end
-// the wait. The lock goes with the process if it dies.
-func lockFile(ctx context.Context, path string) (unlock func(), err error) {
+// the wait, and calling waiting (if not nil) once when it has to wait. The
+// lock goes with the process if it dies.
+func lockFile(ctx context.Context, path string, waiting func()) (unlock func(), err error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("lab: cache lock: %w", err)
@@ -286,6 +289,10 @@ func lockFile(ctx context.Context, path string) (unlock func(), err error) {
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
 			f.Close()
 			return nil, fmt.Errorf("lab: cache lock %s: %w", path, err)
+		}
+		if waiting != nil {
+			waiting()
+			waiting = nil
 		}
 		select {
 		case <-ctx.Done():

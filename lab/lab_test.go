@@ -170,17 +170,18 @@ func TestKernelPins(t *testing.T) {
 
 func TestLockFileExcludes(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "lock")
-	unlock, err := lockFile(context.Background(), path)
+	unlock, err := lockFile(context.Background(), path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	if _, err := lockFile(ctx, path); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("second lock while held: err = %v; want it to wait until the context ends", err)
+	waited := 0
+	if _, err := lockFile(ctx, path, func() { waited++ }); !errors.Is(err, context.DeadlineExceeded) || waited != 1 {
+		t.Fatalf("second lock while held: err = %v, told of waiting %d times; want it to wait until the context ends, told once", err, waited)
 	}
 	unlock()
-	unlock2, err := lockFile(context.Background(), path)
+	unlock2, err := lockFile(context.Background(), path, func() { t.Error("waited for a free lock") })
 	if err != nil {
 		t.Fatalf("lock after unlock: %v", err)
 	}
