@@ -21,7 +21,8 @@
 //     Spec.Forward ports, bound to 127.0.0.1.
 //   - Modules: busybox modprobe over the cached module tree (bound at
 //     /lib/modules); /proc/sys/kernel/modprobe names it, so the kernel loads
-//     what it needs itself. configfs, devpts, /dev/shm are mounted.
+//     what it needs itself. configfs, devpts, /dev/shm are mounted. The
+//     kernel's configuration is at /boot/config-$(uname -r).
 //
 // # Scripts and steps
 //

@@ -162,6 +162,7 @@ func TestGuestModules(t *testing.T) {
 	res := RunT(t, Spec{
 		Modules: []string{"ublk_drv", "nbd", "rdma_rxe", "nvme-rdma", "nvmet-rdma"},
 		Script: `step devices
+grep -q '^CONFIG_BLK_DEV_UBLK=m' "/boot/config-$(uname -r)"
 [ -c /dev/ublk-control ]
 [ -b /dev/nbd0 ]
 step rxe

@@ -23,8 +23,9 @@ type kernel struct {
 	// Root is where the packages put lib/modules and the image, inside
 	// the unpacked tree: "" (lib/modules, boot/) or "usr" (usr/lib/modules,
 	// the image beside the modules).
-	Root  string
-	Image string // the kernel image, relative to the unpacked tree
+	Root   string
+	Image  string // the kernel image, relative to the unpacked tree
+	Config string // the kernel's configuration, relative to the unpacked tree
 }
 
 type debPackage struct {
@@ -44,7 +45,8 @@ var kernels = map[string]kernel{
 		Packages: []debPackage{
 			{"linux-image-6.12.117+deb12-amd64", "6.12.117-1~deb12u1", "803d36a7cda13355ae8152122470288b2636f19f1cb58162dd9d8b408af9b1b4"},
 		},
-		Image: "boot/vmlinuz-6.12.117+deb12-amd64",
+		Image:  "boot/vmlinuz-6.12.117+deb12-amd64",
+		Config: "boot/config-6.12.117+deb12-amd64",
 	},
 	"7.3": {
 		Name:    "7.3",
@@ -57,8 +59,9 @@ var kernels = map[string]kernel{
 			// modules.builtin, modules.order and the config live here.
 			{"linux-base-7.3.4+deb13-amd64", "7.3.4-1~bpo13+1", "5663505495b5c90be94af42105c7b28629802516779102dac48d5a00cc00fccf"},
 		},
-		Root:  "usr",
-		Image: "usr/lib/modules/7.3.4+deb13-amd64/vmlinuz",
+		Root:   "usr",
+		Image:  "usr/lib/modules/7.3.4+deb13-amd64/vmlinuz",
+		Config: "usr/lib/modules/7.3.4+deb13-amd64/config",
 	},
 }
 

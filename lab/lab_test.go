@@ -159,8 +159,8 @@ func TestKernelPins(t *testing.T) {
 				t.Errorf("kernel %s: package %+v", name, p)
 			}
 		}
-		if !strings.Contains(k.Image, k.Release) {
-			t.Errorf("kernel %s: image %s is not of release %s", name, k.Image, k.Release)
+		if !strings.Contains(k.Image, k.Release) || !strings.Contains(k.Config, k.Release) {
+			t.Errorf("kernel %s: image %s or config %s is not of release %s", name, k.Image, k.Config, k.Release)
 		}
 	}
 	if _, err := lookupKernel("2.6"); err == nil {

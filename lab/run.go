@@ -352,6 +352,7 @@ func qemuArgs(k kernel, tree, labDir, outDir string, s Spec, shell bool) []strin
 		"no_timer_check",
 		"labmode=" + mode, "labdir=" + labDir, "labout=" + outDir,
 		"labmods=" + filepath.Join(tree, filepath.Dir(k.modulesDir())),
+		"labconfig=" + filepath.Join(tree, k.Config),
 	}, " ")
 	// For debugging the guest's boot: loglevel=7, initcall_debug, ...
 	if extra := os.Getenv("NPRDMA_LAB_APPEND"); extra != "" {
