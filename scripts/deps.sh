@@ -7,7 +7,7 @@ set -euo pipefail
 # The guest lab (docs/lab.md) also needs QEMU, a static busybox for its
 # initramfs, xz to unpack the kernel's modules, and the tools guest scripts
 # run from this machine's root: nvme-cli, RDMA (Soft-RoCE) userspace.
-packages=(fio nbdkit libnbd-bin fuse3 e2fsprogs util-linux procps iproute2
+packages=(fio nbdkit libnbd-bin fuse3 e2fsprogs util-linux mount procps iproute2
 	qemu-system-x86 busybox-static xz-utils nvme-cli rdma-core ibverbs-utils ibverbs-providers perftest)
 missing=()
 for p in "${packages[@]}"; do
