@@ -199,7 +199,7 @@ func aptDownload(ctx context.Context, k kernel, dir string) ([]string, error) {
 		}
 		return nil
 	}
-	if err := run("update"); err != nil {
+	if err := run("update", "--error-on=any"); err != nil {
 		return nil, err
 	}
 	args := []string{"download"}
