@@ -18,14 +18,14 @@ import (
 
 const subNQN = "nqn.2024-01.io.nprdma:resize-guest"
 
-// TestLinuxHostSeesTheResize: in the guest, nprdma-target serves a
+// TestGuestLinuxHostSeesTheResize: in the guest, nprdma-target serves a
 // namespace made through ctl over NVMe/TCP; the kernel host connects (nvme
 // connect -t tcp), writes a pattern at the end, and ctl resize-ns grows the
 // namespace while it stays connected. The kernel takes the notice, reads the
 // Changed Namespace List and revalidates: /dev/nvmeXnY reports the new size
 // without a reconnect, the pattern reads back, and the grown range is
 // written and read. The guest's own log (dmesg) is kept in LAB_OUT.
-func TestLinuxHostSeesTheResize(t *testing.T) {
+func TestGuestLinuxHostSeesTheResize(t *testing.T) {
 	lab.Require(t)
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("no go command to build nprdma-target")
@@ -44,15 +44,15 @@ step "target"
 cp "$BIN"/nprdma-target /dev/shm/
 HOSTNQN=$(cat /etc/nvme/hostnqn 2>/dev/null || nvme gen-hostnqn)
 /dev/shm/nprdma-target --no-default-namespace --data-dir /dev/shm/data --memory 64MiB \
-	--listen 127.0.0.1:4430 --listen-nvme-tcp 127.0.0.1:4420 --log-level info 2>"$LAB_OUT/target.log" &
-for i in $(seq 100); do grep -q 'connect with' "$LAB_OUT/target.log" && break; sleep 0.1; done
+	--listen 127.0.0.1:4430 --listen-nvme-tcp 127.0.0.1:4420 --log-level info 2>/dev/shm/target.log &
+for i in $(seq 100); do grep -q 'connect with' /dev/shm/target.log && break; sleep 0.1; done
 ctl() { /dev/shm/nprdma-target ctl --data-dir /dev/shm/data "$@"; }
 ctl create-subsys "$NQN" --host "$HOSTNQN"
 ctl create-ns "$NQN" --name grows --size 64MiB
 
 step "connect"
 nvme connect -t tcp -a 127.0.0.1 -s 4420 -n "$NQN" --hostnqn "$HOSTNQN"
-for i in $(seq 50); do dev=$(ls /dev/nvme*n1 2>/dev/null | head -1); [ -n "$dev" ] && break; sleep 0.1; done
+dev=$(nvme_ns_dev "$NQN")
 [ "$(blockdev --getsize64 "$dev")" = 67108864 ]
 head -c 1M /dev/urandom > /dev/shm/pattern
 dd if=/dev/shm/pattern of="$dev" bs=1M seek=63 oflag=direct status=none
@@ -71,6 +71,7 @@ cmp <(dd if="$dev" bs=1M skip=127 count=1 iflag=direct status=none) /dev/shm/pat
 step "disconnect"
 nvme disconnect -n "$NQN"
 dmesg > "$LAB_OUT/dmesg"
+cp /dev/shm/target.log "$LAB_OUT/"
 `,
 	})
 	if !strings.Contains(res.Output, "134217728") {
