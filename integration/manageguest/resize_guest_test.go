@@ -1,6 +1,6 @@
 // The constraint keeps this file out of builds, vet and go mod tidy until
-// package lab (LAB-API) and the NVMe/TCP port of nprdma-target
-// (--listen-nvme-tcp) are in the module: delete it then.
+// the NVMe/TCP port of nprdma-target (--listen-nvme-tcp) is in the module:
+// delete it then.
 
 //go:build ignore
 
@@ -64,9 +64,11 @@ blockdev --getsize64 "$dev" | tee "$LAB_OUT/size-after"
 [ "$(blockdev --getsize64 "$dev")" = 134217728 ]
 
 step "data"
-cmp <(dd if="$dev" bs=1M skip=63 count=1 iflag=direct status=none) /dev/shm/pattern
+dd if="$dev" of=/dev/shm/back bs=1M skip=63 count=1 iflag=direct status=none
+cmp /dev/shm/back /dev/shm/pattern
 dd if=/dev/shm/pattern of="$dev" bs=1M seek=127 oflag=direct status=none
-cmp <(dd if="$dev" bs=1M skip=127 count=1 iflag=direct status=none) /dev/shm/pattern
+dd if="$dev" of=/dev/shm/back bs=1M skip=127 count=1 iflag=direct status=none
+cmp /dev/shm/back /dev/shm/pattern
 
 step "disconnect"
 nvme disconnect -n "$NQN"
