@@ -393,11 +393,6 @@ func (l *link) run() {
 func (l *link) receive() error {
 	var h nprdma.Header
 	for {
-		if l.prov.gate.Frozen() {
-			if err := l.waitThawed(); err != nil {
-				return err
-			}
-		}
 		n, err := l.in.available()
 		if err != nil {
 			return err
@@ -408,6 +403,13 @@ func (l *link) receive() error {
 		}
 		if err := l.readIn(l.hdr[:]); err != nil {
 			return err
+		}
+		// A frozen provider delivers nothing more, even a packet that
+		// arrived while it waited.
+		if l.prov.gate.Frozen() {
+			if err := l.waitThawed(); err != nil {
+				return err
+			}
 		}
 		end, err := decodeHeader(l.hdr[:], &h)
 		if err != nil {

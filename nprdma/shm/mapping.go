@@ -317,4 +317,3 @@ func fillPhase(dst []byte, pattern uint64, j int) {
 		dst[i] = byte(p >> (8 * k))
 	}
 }
-
