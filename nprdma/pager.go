@@ -46,7 +46,7 @@ type Pager interface {
 //	s := states[i]; if s&Present == 0 || s&Busy != 0 { magic page }
 //	copy page i (zeros without reading it if s&Zero != 0)
 //	if states[i]>>VersionShift != s>>VersionShift { magic page instead }
-//	access[i] = 1 (a use, for the pager's eviction policy)
+//	set bit i of access (a use, for the pager's eviction policy)
 //
 // The reader holds no reference: the owner may release a page while it is
 // copied, so the reader's copy must survive finding the page gone (and must
@@ -56,8 +56,9 @@ type SharedPager interface {
 	Pager
 	// ShareFiles returns descriptors of the memory (read-only), of the page
 	// state table (read-only; one native uint64 per page) and of the access
-	// map (writable; one byte per page, set by readers), or ok false when
-	// the memory cannot be shared. They belong to the pager.
+	// map (writable; one bit per page in native uint64 words, bit i%64 of
+	// word i/64, set by readers with an atomic OR), or ok false when the
+	// memory cannot be shared. They belong to the pager.
 	ShareFiles() (data, states, access *os.File, ok bool)
 	// StateBits says where the reader finds what it checks in a state
 	// word: the masks of present, busy and zero, and the shift of the

@@ -44,7 +44,7 @@ type Pager struct {
 	mem      []byte
 	pageSize int
 	words    []atomic.Uint64
-	shared   *sharedFiles // NewSharedPager
+	shared   *sharedFiles  // NewSharedPager
 	change   []atomic.Bool // bump the version between the next ReadBegin and ReadEnd
 	inFlight atomic.Int64
 	begins   atomic.Uint64
@@ -209,7 +209,7 @@ func NewSharedPager(pages, pageSize int) (*Pager, error) {
 	if sf.states, sf.stateMem, err = mk("nprdmatest-states", roundUp(pages*8)); err != nil {
 		return fail(err)
 	}
-	if sf.access, sf.accessMem, err = mk("nprdmatest-access", roundUp(pages)); err != nil {
+	if sf.access, sf.accessMem, err = mk("nprdmatest-access", roundUp((pages+63)/64*8)); err != nil {
 		return fail(err)
 	}
 	if sf.roData, err = os.Open(fmt.Sprintf("/proc/self/fd/%d", sf.data.Fd())); err != nil {
@@ -248,9 +248,9 @@ func (p *Pager) Accessed(i int) bool {
 	if p.shared == nil {
 		return false
 	}
-	a := p.shared.accessMem[i] != 0
-	p.shared.accessMem[i] = 0
-	return a
+	w := (*atomic.Uint64)(unsafe.Pointer(&p.shared.accessMem[i/64*8]))
+	bit := uint64(1) << (i % 64)
+	return w.And(^bit)&bit != 0
 }
 
 // Allocated reports whether page i of a shared pager's memory file holds a

@@ -63,7 +63,8 @@ type mapping struct {
 	dataFD int      // dataF's descriptor
 	states []uint64
 	stateM []byte
-	access []byte
+	access []uint64 // one bit per page
+	accM   []byte
 }
 
 // mappings are the provider's mappings of peers' regions.
@@ -82,7 +83,7 @@ func (ms *mappings) get(files []*os.File, length uint64, pageSize int) (*mapping
 	defer closeFiles(files)
 	pages := length / uint64(pageSize)
 	var st [3]unix.Stat_t
-	need := []uint64{length, pages * 8, pages}
+	need := []uint64{length, pages * 8, accessBytes(pages)}
 	for i, f := range files {
 		fd, err := rawFD(f)
 		if err != nil {
@@ -157,11 +158,12 @@ func (m *mapping) mapFiles(ms *mappings, files []*os.File, length, pages uint64)
 	}
 	m.stateM = s
 	m.states = unsafe.Slice((*uint64)(unsafe.Pointer(&s[0])), pages)
-	a, err := unix.Mmap(fds[2], 0, roundUp(pages), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	a, err := unix.Mmap(fds[2], 0, roundUp(accessBytes(pages)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return os.NewSyscallError("mmap shared access map", err)
 	}
-	m.access = a[:pages]
+	m.accM = a
+	m.access = unsafe.Slice((*uint64)(unsafe.Pointer(&a[0])), accessBytes(pages)/8)
 	return nil
 }
 
@@ -178,9 +180,9 @@ func (m *mapping) unmap() {
 		unix.Munmap(m.stateM)
 		m.stateM, m.states = nil, nil
 	}
-	if m.access != nil {
-		unix.Munmap(m.access[:cap(m.access)])
-		m.access = nil
+	if m.accM != nil {
+		unix.Munmap(m.accM)
+		m.accM, m.access = nil, nil
 	}
 }
 
@@ -281,8 +283,8 @@ func (m *mapping) copyPage(g *grant, page, at int, pieces [][]byte) (ok bool) {
 	if t>>b.VersionShift != s>>b.VersionShift || t&b.Busy != 0 || t&b.Present == 0 {
 		return false
 	}
-	if m.access[page] == 0 {
-		m.access[page] = 1
+	if a, bit := &m.access[page/64], uint64(1)<<(page%64); atomic.LoadUint64(a)&bit == 0 {
+		atomic.OrUint64(a, bit)
 	}
 	return true
 }
@@ -296,6 +298,9 @@ func (m *mapping) pread(at int, pieces [][]byte) bool {
 	n, err := unix.Preadv(m.dataFD, pieces, int64(at))
 	return err == nil && n == totalLen(pieces)
 }
+
+// accessBytes is the size of the access map of pages pages.
+func accessBytes(pages uint64) uint64 { return (pages + 63) / 64 * 8 }
 
 func totalLen(b [][]byte) int {
 	n := 0
