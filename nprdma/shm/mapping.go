@@ -55,6 +55,7 @@ type fileKey struct{ dev, ino uint64 }
 // (read-only, private), its page state table (read-only, private) and its
 // access map (shared, written).
 type mapping struct {
+	ms     *mappings
 	key    fileKey
 	refs   int // grants using it, under mappings.mu
 	mode   InPlaceMode
@@ -73,7 +74,8 @@ type mappings struct {
 	byKey   map[fileKey]*mapping
 	mode    InPlaceMode
 	uffd    *os.File
-	uffdErr error // why mapped reads are not possible (then pread)
+	uffdErr error         // why mapped reads are not possible (then pread)
+	faults  atomic.Uint64 // copies that faulted (the page was gone)
 }
 
 // get maps the region behind files (data, states, access; it takes them),
@@ -103,7 +105,7 @@ func (ms *mappings) get(files []*os.File, length uint64, pageSize int) (*mapping
 		m.refs++
 		return m, nil
 	}
-	m := &mapping{key: key, refs: 1, mode: ms.mode}
+	m := &mapping{ms: ms, key: key, refs: 1, mode: ms.mode}
 	if err := m.mapFiles(ms, files, length, pages); err != nil {
 		m.unmap()
 		return nil, err
@@ -257,7 +259,7 @@ func (m *mapping) copyPage(g *grant, page, at int, pieces [][]byte) (ok bool) {
 			if _, fault := r.(interface{ Addr() uintptr }); !fault {
 				panic(r)
 			}
-			faults.Add(1)
+			m.ms.faults.Add(1)
 			ok = false
 		}
 	}()
@@ -266,6 +268,9 @@ func (m *mapping) copyPage(g *grant, page, at int, pieces [][]byte) (ok bool) {
 	s := atomic.LoadUint64(w)
 	if s&b.Present == 0 || s&b.Busy != 0 {
 		return false
+	}
+	if beforeCopy != nil {
+		beforeCopy(page)
 	}
 	if s&b.Zero != 0 {
 		for _, p := range pieces {
@@ -289,8 +294,9 @@ func (m *mapping) copyPage(g *grant, page, at int, pieces [][]byte) (ok bool) {
 	return true
 }
 
-// faults counts copies that faulted (for tests).
-var faults atomic.Uint64
+// beforeCopy, when set (by tests), runs between a page's first state check
+// and its copy: it widens the window in which the owner may release it.
+var beforeCopy func(page int)
 
 // pread reads a page part with one system call: a released page reads as
 // zeros there (and the version check refuses it), nothing is allocated.

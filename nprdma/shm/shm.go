@@ -126,14 +126,22 @@ func (p *Provider) InPlaceReads() (InPlaceMode, error) {
 	return p.inPlace, nil
 }
 
-// Mappings is the number of peers' regions this provider has mapped.
-func (p *Provider) Mappings() int { return p.maps.count() }
+// Stats are a provider's counters.
+type Stats struct {
+	Links    int // links alive
+	Mappings int // peers' regions mapped here
+	// InPlaceFaults counts copies of a region read in place that found the
+	// page gone — its owner released it between the state check and the
+	// copy — and delivered the magic page instead.
+	InPlaceFaults uint64
+}
 
-// Links is the number of links alive (for tests of clean-up).
-func (p *Provider) Links() int {
+// Stats returns the provider's counters.
+func (p *Provider) Stats() Stats {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.links)
+	links := len(p.links)
+	p.mu.Unlock()
+	return Stats{Links: links, Mappings: p.maps.count(), InPlaceFaults: p.maps.faults.Load()}
 }
 
 // Path is the socket path of an address of this provider.
