@@ -19,6 +19,7 @@ import (
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
@@ -42,6 +43,9 @@ var kinds = []fabricKind{
 		return loop.New(loop.WithFabric(f)), loop.New(loop.WithFabric(f))
 	}, "ns-test"},
 	{"tcp", func() (nprdma.Provider, nprdma.Provider) { return tcp.New(), tcp.New() }, "127.0.0.1:0"},
+	// A socket of its own in the temporary directory, and shareable
+	// regions the initiator reads in place.
+	{"shm", func() (nprdma.Provider, nprdma.Provider) { return shm.New(), shm.New() }, shm.Scheme},
 }
 
 type targetSpec struct {
@@ -249,6 +253,9 @@ func TestEndToEnd(t *testing.T) {
 			t.Logf("hot phase: %d of %d reads one-sided (%.1f%%)", oneSided, reads, 100*share)
 			if share < 0.95 {
 				t.Fatalf("hot phase: one-sided share %.3f < 0.95 (%+v)", share, hot)
+			}
+			if _, ok := r.cliProv.(*shm.Provider); ok && r.dev.Stats().LocalReads < uint64(oneSided) {
+				t.Fatalf("hot phase over shm: %d READs in place, fewer than the %d one-sided reads", r.dev.Stats().LocalReads, oneSided)
 			}
 
 			// Cold phase: reads spread over the namespace fault pages in.

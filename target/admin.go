@@ -1,6 +1,9 @@
 package target
 
 import (
+	"strings"
+
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
 )
@@ -430,21 +433,29 @@ func (c *controller) regionDescriptor(r *fabric.Request) result {
 // discoveryLog lists the subsystems this controller's host may access.
 func (c *controller) discoveryLog() ([]byte, error) {
 	t := c.t
-	host, port := splitHostPort(t.Addr())
-	trtype, adrfam := nvme.TransportRDMA, nvme.AddressIPv4
-	if t.cfg.provider.Name() == "loop" {
-		trtype, adrfam = nvme.TransportLoop, nvme.AddressIntraHost
-	}
+	addrs := t.Addrs()
 	l := nvme.DiscoveryLog{GenCtr: t.genCtr.Load()}
 	for i, s := range t.Subsystems() {
 		if !s.Allows(c.hostNQN) {
 			continue
 		}
-		l.Entries = append(l.Entries, nvme.DiscoveryLogEntry{
-			TRTYPE: trtype, ADRFAM: adrfam, SUBTYPE: nvme.SubtypeNVM, TREQ: nvme.TREQSecureChannelNotRequired,
-			PORTID: uint16(i + 1), CNTLID: nvme.DynamicControllerID, ASQSZ: fabric.DefaultAdminQueueEntries,
-			TRSVCID: port, SubNQN: s.nqn, TRADDR: host, TSAS: nvme.RDMATSAS(),
-		})
+		for j, addr := range addrs {
+			host, port := splitHostPort(addr)
+			trtype, adrfam := nvme.TransportRDMA, nvme.AddressIPv4
+			switch {
+			case strings.HasPrefix(addr, shm.Scheme):
+				// Shared memory, for initiators on this host: the
+				// address is the socket's, scheme included.
+				trtype, adrfam, host, port = nvme.TransportLoop, nvme.AddressIntraHost, addr, ""
+			case t.cfg.provider.Name() == "loop":
+				trtype, adrfam = nvme.TransportLoop, nvme.AddressIntraHost
+			}
+			l.Entries = append(l.Entries, nvme.DiscoveryLogEntry{
+				TRTYPE: trtype, ADRFAM: adrfam, SUBTYPE: nvme.SubtypeNVM, TREQ: nvme.TREQSecureChannelNotRequired,
+				PORTID: uint16(i*len(addrs) + j + 1), CNTLID: nvme.DynamicControllerID, ASQSZ: fabric.DefaultAdminQueueEntries,
+				TRSVCID: port, SubNQN: s.nqn, TRADDR: host, TSAS: nvme.RDMATSAS(),
+			})
+		}
 	}
 	return l.Marshal()
 }

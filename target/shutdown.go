@@ -83,10 +83,12 @@ func (t *Target) beginStop() bool {
 func (t *Target) stop(rep *stopReport, drain context.Context, graceful bool) {
 	rep.setStep("closing the listener")
 	t.mu.Lock()
-	ln := t.ln
+	lns := t.lns
 	t.mu.Unlock()
-	if ln != nil {
+	for _, ln := range lns {
 		ln.Close()
+	}
+	if len(lns) > 0 {
 		t.acceptCtx()
 		t.acceptWG.Wait()
 	}
@@ -114,7 +116,7 @@ func (t *Target) stop(rep *stopReport, drain context.Context, graceful bool) {
 		qc.q.Wait()
 	}
 	t.retiring.Wait()
-	if ln != nil {
+	for _, ln := range lns {
 		ln.ClosePool()
 	}
 	t.pool.Close()

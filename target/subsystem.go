@@ -406,6 +406,9 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		return n, nil
 	}
 	opts := []swap.Option{swap.WithSize(size), swap.WithLogger(t.log)}
+	if t.cfg.sharesMemory() {
+		opts = append(opts, swap.WithShareable())
+	}
 	if cfg.Budget > 0 {
 		opts = append(opts, swap.WithBudget(cfg.Budget))
 	}

@@ -15,11 +15,13 @@ import (
 	"math/rand/v2"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
@@ -56,7 +58,7 @@ type Option func(*config)
 
 type config struct {
 	provider       nprdma.Provider
-	listen         string
+	listen         []string
 	dataDir        string
 	reg            prometheus.Registerer
 	log            *slog.Logger
@@ -78,8 +80,13 @@ type config struct {
 // WithProvider sets the nprdma provider (default nprdma/tcp).
 func WithProvider(p nprdma.Provider) Option { return func(c *config) { c.provider = p } }
 
-// WithListen sets the address hosts connect to (default DefaultListen).
-func WithListen(addr string) Option { return func(c *config) { c.listen = addr } }
+// WithListen sets the addresses hosts connect to (default DefaultListen);
+// Addr is the first. An address "unix:PATH" (shm.Scheme) accepts
+// initiators on this host over shared memory (nprdma/shm) on the unix
+// socket PATH, whatever the provider of the others, and makes the
+// namespaces' regions shareable, so that those initiators read them in
+// place.
+func WithListen(addrs ...string) Option { return func(c *config) { c.listen = addrs } }
 
 // WithDataDir keeps the durable metadata (namespace identity, host lists,
 // the clean-shutdown marker) in a badger store in dir. Without it identities
@@ -175,7 +182,7 @@ type Target struct {
 	ctrls     map[uint16]*controller
 	nextCNTL  uint16
 	queues    map[*queueConn]struct{}
-	ln        *fabric.Listener
+	lns       []*fabric.Listener // one per listen address
 	started   bool
 	stopping  bool // Shutdown or Close began
 	closed    bool // the connections are closed
@@ -193,7 +200,7 @@ type Target struct {
 // New creates a target. Add subsystems and namespaces, then Start it.
 func New(opts ...Option) (*Target, error) {
 	cfg := config{
-		listen:         DefaultListen,
+		listen:         []string{DefaultListen},
 		log:            slog.Default(),
 		maxKATO:        DefaultMaxKeepAlive,
 		maxControllers: DefaultMaxControllers,
@@ -211,6 +218,14 @@ func New(opts ...Option) (*Target, error) {
 	}
 	if cfg.provider == nil {
 		cfg.provider = tcp.New()
+	}
+	if len(cfg.listen) == 0 {
+		return nil, fmt.Errorf("target: no listen address")
+	}
+	if cfg.sharesMemory() {
+		if _, ok := cfg.provider.(*shm.Provider); !ok {
+			cfg.provider = nprdma.NewSchemes(cfg.provider, map[string]nprdma.Provider{strings.TrimSuffix(shm.Scheme, ":"): shm.New()})
+		}
 	}
 	if cfg.maxTransfer < 2*BlockSize || cfg.maxTransfer > fabric.MaxTransfer {
 		return nil, fmt.Errorf("target: max transfer %d outside [%d, %d]", cfg.maxTransfer, 2*BlockSize, fabric.MaxTransfer)
@@ -268,6 +283,17 @@ func New(opts ...Option) (*Target, error) {
 		}
 	}
 	return t, nil
+}
+
+// sharesMemory reports whether some listen address is a shared-memory one:
+// the namespaces' regions are then made shareable.
+func (c *config) sharesMemory() bool {
+	for _, a := range c.listen {
+		if strings.HasPrefix(a, shm.Scheme) {
+			return true
+		}
+	}
+	return false
 }
 
 // newBootID returns a random, non-zero identifier of this process.
@@ -339,33 +365,53 @@ func (t *Target) Start() error {
 	if t.cfg.busyPoll > 0 {
 		opts = append(opts, fabric.WithReceiveBusyPoll(t.cfg.busyPoll))
 	}
-	ln, err := fabric.Listen(t.pd, t.cfg.listen, opts...)
-	if err != nil {
-		return fmt.Errorf("target: %w", err)
+	for _, addr := range t.cfg.listen {
+		ln, err := fabric.Listen(t.pd, addr, opts...)
+		if err != nil {
+			for _, l := range t.lns {
+				l.Close()
+			}
+			t.lns = nil
+			return fmt.Errorf("target: %w", err)
+		}
+		t.lns = append(t.lns, ln)
 	}
-	t.ln = ln
 	t.started = true
 	ctx, cancel := context.WithCancel(context.Background())
 	t.acceptCtx = cancel
-	t.acceptWG.Add(1)
-	go t.acceptLoop(ctx)
+	for _, ln := range t.lns {
+		t.acceptWG.Add(1)
+		go t.acceptLoop(ctx, ln)
+	}
 	return nil
 }
 
-// Addr is the address hosts connect to (after Start).
+// Addr is the address hosts connect to (after Start): the first listen
+// address.
 func (t *Target) Addr() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.ln == nil {
+	if len(t.lns) == 0 {
 		return ""
 	}
-	return t.ln.Addr()
+	return t.lns[0].Addr()
 }
 
-func (t *Target) acceptLoop(ctx context.Context) {
+// Addrs are all the addresses hosts connect to (after Start).
+func (t *Target) Addrs() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]string, len(t.lns))
+	for i, ln := range t.lns {
+		out[i] = ln.Addr()
+	}
+	return out
+}
+
+func (t *Target) acceptLoop(ctx context.Context, ln *fabric.Listener) {
 	defer t.acceptWG.Done()
 	for {
-		q, err := t.ln.Accept(ctx)
+		q, err := ln.Accept(ctx)
 		if err != nil {
 			return
 		}

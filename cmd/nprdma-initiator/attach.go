@@ -329,12 +329,17 @@ func (a *attachment) setUp(ctx context.Context) error {
 		a.rec.MetricsAddr = ln.Addr().String()
 	}
 
-	dev, err := newDevice(cc)
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	fc, err := chooseFabric(cctx, cc, a.rec.Target, a.rec.NQN, opts)
 	if err != nil {
+		cancel()
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	c, err := initiator.Connect(cctx, dev, a.rec.Target, a.rec.NQN, opts...)
+	if fc.reason != "" {
+		a.say("%s", fc.reason)
+	}
+	dev := fc.dev
+	c, err := initiator.Connect(cctx, dev, fc.addr, a.rec.NQN, opts...)
 	cancel()
 	if err != nil {
 		dev.Close()

@@ -22,7 +22,8 @@ func discoverCommand() *cli.Command {
 		Description: "Connects to the target's discovery controller, reads the Discovery log page (the subsystems\n" +
 			"this host may access), then connects to each subsystem to list its namespaces.\n" +
 			"Each subsystem shows the NVMe-oF transport type the target advertises (rdma: nprdma speaks the\n" +
-			"NVMe-oF RDMA binding, also when the RDMA is software over TCP; loop for the in-process provider)\n" +
+			"NVMe-oF RDMA binding, also when the RDMA is software over TCP; loop for the in-process provider and\n" +
+			"for a shared-memory listener, whose address is unix:PATH: attach uses it from this host)\n" +
 			"and the nprdma provider this host reached it with (--provider), for which the log has no field.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address (tcp: host:port, e.g. 127.0.0.1:4420)"},
@@ -86,7 +87,7 @@ func discover(cc *cli.Context) error {
 		return err
 	}
 	opts := hostOptions(cc, logger)
-	dev, err := newDevice(cc)
+	dev, err := newDevice(cc, cc.String("target"))
 	if err != nil {
 		return err
 	}
@@ -104,7 +105,7 @@ func discover(cc *cli.Context) error {
 	}
 	out := Discovery{Target: addr, HostNQN: host, Subsystems: []DiscoveredSubsystem{}}
 	for _, e := range log.Entries {
-		s := DiscoveredSubsystem{NQN: e.SubNQN, Transport: transportName(e.TRTYPE), Provider: cc.String("provider"),
+		s := DiscoveredSubsystem{NQN: e.SubNQN, Transport: transportName(e.TRTYPE), Provider: dev.Provider().Name(),
 			Address: e.TRADDR, Service: e.TRSVCID, Namespaces: []DiscoveredNamespace{}}
 		// The discovery log carries the target's own idea of its address
 		// (it may listen on a wildcard); connect where discovery worked.

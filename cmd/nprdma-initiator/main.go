@@ -10,9 +10,6 @@ import (
 	"strings"
 
 	"github.com/nprdma/nprdma/initiator"
-	"github.com/nprdma/nprdma/nprdma"
-	"github.com/nprdma/nprdma/nprdma/loop"
-	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/urfave/cli/v2"
 )
 
@@ -30,7 +27,7 @@ func newApp() *cli.App {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "hostnqn", Usage: "host NQN to connect as (default: nqn.2014-08.org.nvmexpress:uuid:<host ID from --hostid-file>)"},
 			&cli.StringFlag{Name: "hostid-file", Usage: "file holding this host's ID, created on first use (default: $NPRDMA_STATE_DIR/hostid or ~/.config/nprdma/hostid)"},
-			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP) or loop (in-process; for tests only)"},
+			providerFlag(),
 			&cli.StringFlag{Name: "log-level", Value: "warn", Usage: "log level: debug, info, warn, error"},
 		},
 		Commands:        []*cli.Command{discoverCommand(), attachCommand(), listCommand(), detachCommand(), hostnqnCommand()},
@@ -68,19 +65,4 @@ func hostOptions(cc *cli.Context, log *slog.Logger) []initiator.Option {
 		opts = append(opts, initiator.WithHostNQN(n))
 	}
 	return opts
-}
-
-func newDevice(cc *cli.Context) (*nprdma.Device, error) {
-	var p nprdma.Provider
-	switch name := cc.String("provider"); name {
-	case "tcp":
-		p = tcp.New()
-	case "loop":
-		p = loop.New()
-	default:
-		return nil, fmt.Errorf("--provider %q: want tcp or loop", name)
-	}
-	// Pinning the host's data buffers needs CAP_IPC_LOCK or a memlock
-	// limit; the software providers do not need it.
-	return nprdma.NewDevice(p, nprdma.WithName("initiator"), nprdma.WithPinning(false)), nil
 }

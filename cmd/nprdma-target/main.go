@@ -42,7 +42,7 @@ func newApp() *cli.App {
 			&cli.StringSliceFlag{Name: "backing", Usage: "a block device or file to serve, as PATH[,nsid=N][,budget=SIZE] (repeatable: one namespace each, in the subsystem --nqn; budget overrides this namespace's share of --memory)"},
 			&cli.StringFlag{Name: "config", Usage: "JSON file describing several subsystems and namespaces (see docs/target.md); used instead of --backing/--nqn/--allow-host"},
 			&cli.StringFlag{Name: "memory", Value: "1GiB", Usage: "DRAM budget for all namespaces together, at least 1MiB (units KiB, MiB, GiB, TiB); namespaces without their own budget share it in proportion to their sizes"},
-			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:4420", Usage: "address to accept connections on (tcp: host:port; loop: a name)"},
+			&cli.StringSliceFlag{Name: "listen", Value: cli.NewStringSlice("127.0.0.1:4420"), Usage: "address to accept connections on (tcp: host:port; loop: a name); unix:PATH also serves initiators on this host over shared memory on the unix socket PATH, which read the namespaces in place without this process's CPU (repeatable: e.g. --listen 127.0.0.1:4420 --listen unix:/run/nprdma/target.sock; `nprdma-initiator attach` finds the socket through discovery)"},
 			&cli.StringFlag{Name: "nqn", Value: DefaultNQN, Usage: "NQN of the subsystem that holds the --backing namespaces"},
 			&cli.StringSliceFlag{Name: "allow-host", Usage: "host NQN allowed to connect to the subsystem (repeatable; hosts not listed are refused)"},
 			&cli.BoolFlag{Name: "allow-any-host", Usage: "let every host connect (no access control)"},
