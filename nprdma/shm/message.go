@@ -156,10 +156,10 @@ func decodeMessage(b []byte, nfds int) (message, error) {
 			return fmt.Errorf("%w: type %d of %d bytes", errMessage, m.typ, len(b))
 		}
 		n := int(le.Uint16(b[lenAt:]))
-		if n > nprdma.MaxPrivateData || le.Uint16(b[lenAt+2:]) != 0 {
-			return fmt.Errorf("%w: %d bytes of private data", errMessage, n)
+		if n > nprdma.MaxPrivateData || le.Uint16(b[lenAt+2:]) != 0 || at+n != len(b) {
+			return fmt.Errorf("%w: %d bytes of private data in a message of %d", errMessage, n, len(b))
 		}
-		m.privateData = append([]byte(nil), b[at:min(len(b), at+n)]...)
+		m.privateData = append([]byte(nil), b[at:]...)
 		return nil
 	}
 	switch m.typ {
