@@ -51,6 +51,9 @@ type link struct {
 	shares shares  // regions shared either way (grant.go)
 	pl     payload // the packet being delivered
 	hdr    [packetHeaderLen]byte
+	// How long the receiving goroutine and the writer spin before they
+	// sleep (each used by one goroutine at a time).
+	rxSpin, txSpin spinner
 }
 
 // outPacket is a packet that did not fit in the ring when it was sent.
@@ -75,6 +78,7 @@ func newLink(p *Provider, conn *net.UnixConn, dialer bool, file []byte, size int
 	l.outData, l.outSpace = bells[2*outDir], bells[2*outDir+1]
 	l.shares.init(p, file, dialer)
 	l.pl.l = l
+	l.rxSpin, l.txSpin = newSpinner(p.spin), newSpinner(p.spin)
 	return l
 }
 
@@ -279,7 +283,7 @@ func (l *link) writer() {
 			l.Flush()
 		}
 		err = await(func() (bool, error) { return atomic.LoadUint64(l.out.head) != seen, nil },
-			l.isBroken, l.outSpace, l.out.txWaiting, l.prov.spin)
+			l.isBroken, l.outSpace, l.out.txWaiting, &l.txSpin)
 		if err != nil {
 			l.wmu.Lock()
 			l.writing = false
@@ -449,7 +453,7 @@ func (l *link) awaitIn() error {
 	err := await(func() (bool, error) {
 		n, err := l.in.available()
 		return n > 0, err
-	}, l.isBroken, l.inData, l.in.rxSleeping, l.prov.spin)
+	}, l.isBroken, l.inData, l.in.rxSleeping, &l.rxSpin)
 	return l.cause(err)
 }
 

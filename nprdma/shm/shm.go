@@ -65,16 +65,17 @@ type Option func(*Provider)
 // through it.
 func WithRingSize(n int) Option { return func(p *Provider) { p.ringSize = n } }
 
-// DefaultSpin is how long a side waiting for its peer spins before it
+// DefaultSpin is the longest a side waiting for its peer spins before it
 // sleeps on the doorbell (WithSpin).
 const DefaultSpin = 50 * time.Microsecond
 
-// WithSpin sets how long a waiting side polls the ring before it sleeps on
-// its doorbell (default DefaultSpin; 0: it sleeps at once). A peer that
-// answers within it is seen within a microsecond and needs no wake-up,
-// which on this VM costs 40–60 µs across vCPUs; the price is a CPU kept
-// busy meanwhile. See docs/nprdma.md §8.3 for the measurements behind the
-// default.
+// WithSpin sets the longest a waiting side polls the ring before it sleeps
+// on its doorbell (default DefaultSpin; 0: it sleeps at once). A peer that
+// answers within the spin is seen within a microsecond and needs no
+// wake-up, which on this VM costs 40–60 µs across vCPUs; the price is a
+// CPU kept busy meanwhile, and on a machine without a spare one the peer
+// delayed. Each waiter adapts its spin between 0 and d to what spinning
+// achieved (see spinner); docs/nprdma.md §8.3 has the measurements.
 func WithSpin(d time.Duration) Option { return func(p *Provider) { p.spin = max(d, 0) } }
 
 // WithHandshakeTimeout bounds the connection handshake (default 10 s; a
