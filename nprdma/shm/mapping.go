@@ -284,6 +284,7 @@ func (m *mapping) copyPage(g *grant, page, at int, pieces [][]byte) (ok bool) {
 	} else if !m.pread(at, pieces) {
 		return false
 	}
+	readFence()
 	t := atomic.LoadUint64(w)
 	if t>>b.VersionShift != s>>b.VersionShift || t&b.Busy != 0 || t&b.Present == 0 {
 		return false
@@ -298,11 +299,18 @@ func (m *mapping) copyPage(g *grant, page, at int, pieces [][]byte) (ok bool) {
 // and its copy: it widens the window in which the owner may release it.
 var beforeCopy func(page int)
 
-// pread reads a page part with one system call: a released page reads as
-// zeros there (and the version check refuses it), nothing is allocated.
+// pread reads a page part with a system call per piece (one, unless the
+// destination splits the part): a released page reads as zeros there (and
+// the version check refuses it), nothing is allocated.
 func (m *mapping) pread(at int, pieces [][]byte) bool {
-	n, err := unix.Preadv(m.dataFD, pieces, int64(at))
-	return err == nil && n == totalLen(pieces)
+	for _, p := range pieces {
+		n, err := unix.Pread(m.dataFD, p, int64(at))
+		if err != nil || n != len(p) {
+			return false
+		}
+		at += n
+	}
+	return true
 }
 
 // accessBytes is the size of the access map of pages pages.

@@ -60,6 +60,8 @@ type reader struct {
 	dst  *nprdma.MR
 	buf  []byte
 	next uint64
+	sge  [1]nprdma.SGE
+	wc   [1]nprdma.WC
 }
 
 func (pr *pair) dial(t *testing.T, n int) *reader {
@@ -91,18 +93,16 @@ func (pr *pair) dial(t *testing.T, n int) *reader {
 // read READs [off, off+n) of the region into the reader's buffer.
 func (r *reader) read(mr *nprdma.MR, off, n int) ([]byte, error) {
 	r.next++
-	if err := r.qp.PostSend(nprdma.SendWR{ID: r.next, Op: nprdma.OpRead, SG: []nprdma.SGE{r.dst.SGE(0, n)},
+	r.sge[0] = r.dst.SGE(0, n)
+	if err := r.qp.PostSend(nprdma.SendWR{ID: r.next, Op: nprdma.OpRead, SG: r.sge[:],
 		RemoteAddr: mr.Addr() + uint64(off), RKey: mr.RKey(), Signaled: true}); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var wc [1]nprdma.WC
-	if _, err := r.cq.Wait(ctx, wc[:]); err != nil {
+	if _, err := r.cq.Wait(context.Background(), r.wc[:]); err != nil {
 		return nil, err
 	}
-	if wc[0].Status != nprdma.StatusSuccess {
-		return nil, fmt.Errorf("READ completed %s", wc[0].Status)
+	if r.wc[0].Status != nprdma.StatusSuccess {
+		return nil, fmt.Errorf("READ completed %s", r.wc[0].Status)
 	}
 	return r.buf[:n], nil
 }
