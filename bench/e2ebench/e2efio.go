@@ -139,6 +139,28 @@ func (r *e2eRig) close() error {
 	return errors.Join(errs...)
 }
 
+// newRig resolves the commands and makes a rig whose first teardown step
+// removes a work directory it made under dir (env.ScratchDir if empty), and
+// the raw-output directory of the experiment name.
+func newRig(ctx context.Context, env *bench.Env, bins *Binaries, name, dir string) (tgtBin, iniBin, work, rawDir string, rig *e2eRig, err error) {
+	if tgtBin, iniBin, err = bins.Resolve(ctx, env); err != nil {
+		return
+	}
+	if dir == "" {
+		dir = env.ScratchDir
+	}
+	if work, err = os.MkdirTemp(dir, name+"-"); err != nil {
+		err = fmt.Errorf("%s: %w", name, err)
+		return
+	}
+	rig = &e2eRig{}
+	rig.onClose(func() error { return os.RemoveAll(work) })
+	if rawDir, err = env.Dir(name); err != nil {
+		rig.close()
+	}
+	return
+}
+
 // MeasureE2E runs the experiment with cfg.
 func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConfig) (exp *bench.Experiment, err error) {
 	if cfg.Rounds < 1 || cfg.QD < 2 || cfg.Runtime <= 0 || cfg.SSDMemory >= cfg.SSDSize {
@@ -151,23 +173,10 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		// nbdfuse ships with nbdcopy; without it only the loop cases go.
 		env.Tools.Require(ctx, "nbdfuse", "losetup")
 	}
-	tgtBin, iniBin, err := bins.Resolve(ctx, env)
+	tgtBin, iniBin, work, rawDir, rig, err := newRig(ctx, env, bins, E2EName, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Dir == "" {
-		cfg.Dir = env.ScratchDir
-	}
-	work, err := os.MkdirTemp(cfg.Dir, "e2e-fio-")
-	if err != nil {
-		return nil, fmt.Errorf("e2e-fio: %w", err)
-	}
-	rawDir, err := env.Dir(E2EName)
-	if err != nil {
-		return nil, err
-	}
-	rig := &e2eRig{}
-	rig.onClose(func() error { return os.RemoveAll(work) })
 	defer func() {
 		if cerr := rig.close(); cerr != nil && err == nil {
 			err = fmt.Errorf("e2e-fio: teardown: %w", cerr)

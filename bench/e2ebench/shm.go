@@ -108,23 +108,10 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	if _, err := env.Tools.Require(ctx, "fio", "nbdkit", "nbdcopy"); err != nil {
 		return nil, err
 	}
-	tgtBin, iniBin, err := bins.Resolve(ctx, env)
+	tgtBin, iniBin, work, rawDir, rig, err := newRig(ctx, env, bins, SHMName, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Dir == "" {
-		cfg.Dir = env.ScratchDir
-	}
-	work, err := os.MkdirTemp(cfg.Dir, "shm-")
-	if err != nil {
-		return nil, fmt.Errorf("shm: %w", err)
-	}
-	rawDir, err := env.Dir(SHMName)
-	if err != nil {
-		return nil, err
-	}
-	rig := &e2eRig{}
-	rig.onClose(func() error { return os.RemoveAll(work) })
 	defer func() {
 		if cerr := rig.close(); cerr != nil && err == nil {
 			err = fmt.Errorf("shm: teardown: %w", cerr)

@@ -459,31 +459,13 @@ func (l *link) awaitIn() error {
 
 // readIn fills dst from the inbound ring, waiting for the peer as needed,
 // and gives the room back as it goes.
-func (l *link) readIn(dst []byte) error {
-	for len(dst) > 0 {
-		if l.isBroken() {
-			return l.downErr
-		}
-		n, err := l.in.available()
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			if err := l.awaitIn(); err != nil {
-				return err
-			}
-			continue
-		}
-		k := min(n, len(dst))
-		l.in.take(dst[:k])
-		dst = dst[k:]
-		l.releaseIn()
-	}
-	return nil
-}
+func (l *link) readIn(dst []byte) error { return l.consumeIn(dst, len(dst)) }
 
 // skipIn consumes n bytes of the inbound ring unread.
-func (l *link) skipIn(n int) error {
+func (l *link) skipIn(n int) error { return l.consumeIn(nil, n) }
+
+// consumeIn takes n bytes from the inbound ring, into dst unless it is nil.
+func (l *link) consumeIn(dst []byte, n int) error {
 	for n > 0 {
 		if l.isBroken() {
 			return l.downErr
@@ -499,7 +481,12 @@ func (l *link) skipIn(n int) error {
 			continue
 		}
 		k := min(a, n)
-		l.in.pos += uint64(k)
+		if dst != nil {
+			l.in.take(dst[:k])
+			dst = dst[k:]
+		} else {
+			l.in.pos += uint64(k)
+		}
 		n -= k
 		l.releaseIn()
 	}

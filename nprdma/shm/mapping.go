@@ -1,9 +1,7 @@
 package shm
 
 import (
-	"encoding/binary"
 	"fmt"
-	"math/bits"
 	"os"
 	"runtime/debug"
 	"sync"
@@ -238,10 +236,10 @@ func (m *mapping) read(g *grant, off int, dst [][]byte) nprdma.LocalRead {
 		r.Pages++
 		if !m.copyPage(g, page, pos, pieces) {
 			r.Magic++
-			j := pos % 8
+			at := pos
 			for _, p := range pieces {
-				fillPhase(p, g.info.magic, j)
-				j += len(p)
+				nprdma.FillMagic(p, g.info.magic, at)
+				at += len(p)
 			}
 		}
 		pos = pe
@@ -324,15 +322,3 @@ func totalLen(b [][]byte) int {
 	return n
 }
 
-// fillPhase fills dst with pattern's bytes from phase j: dst[i] is byte
-// (j+i)%8 of pattern, little endian (the magic page's layout).
-func fillPhase(dst []byte, pattern uint64, j int) {
-	p := bits.RotateLeft64(pattern, -8*(j%8))
-	i := 0
-	for ; i+8 <= len(dst); i += 8 {
-		binary.LittleEndian.PutUint64(dst[i:], p)
-	}
-	for k := 0; i < len(dst); i, k = i+1, k+1 {
-		dst[i] = byte(p >> (8 * k))
-	}
-}

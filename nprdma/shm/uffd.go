@@ -11,14 +11,12 @@ import (
 // SIGBUS instead of being allocated (UFFD_FEATURE_SIGBUS with MISSING
 // mode): no thread ever reads the descriptor.
 const (
-	uffdAPI              = 0xAA
-	uffdFeatureSigbus    = 1 << 7
-	uffdRegisterMissing  = 1
-	uffdioAPI            = 0xc018aa3f // _IOWR(0xAA, 0x3F, struct uffdio_api)
-	uffdioRegister       = 0xc020aa00 // _IOWR(0xAA, 0x00, struct uffdio_register)
-	uffdioUnregister     = 0x8010aa01 // _IOR(0xAA, 0x01, struct uffdio_range)
-	userfaultfdIocNew    = 0xaa00     // _IO(0xAA, 0x00), on /dev/userfaultfd
-	uffdRegisterNeedSize = 32
+	uffdAPI             = 0xAA
+	uffdFeatureSigbus   = 1 << 7
+	uffdRegisterMissing = 1
+	uffdioAPI           = 0xc018aa3f // _IOWR(0xAA, 0x3F, struct uffdio_api)
+	uffdioRegister      = 0xc020aa00 // _IOWR(0xAA, 0x00, struct uffdio_register)
+	userfaultfdIocNew   = 0xaa00     // _IO(0xAA, 0x00), on /dev/userfaultfd
 )
 
 type uffdioAPIArg struct{ api, features, ioctls uint64 }
