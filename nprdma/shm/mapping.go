@@ -321,4 +321,3 @@ func totalLen(b [][]byte) int {
 	}
 	return n
 }
-
