@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -105,4 +106,29 @@ func TestAttachProviderTCPOverrides(t *testing.T) {
 	}
 	e.mustRun("detach", rec.Name)
 	e.assertGone(rec)
+}
+
+// TestAttachAutoSaysWhyTCP: a target on this host without a shared-memory
+// listener is attached over tcp, and attach says why.
+func TestAttachAutoSaysWhyTCP(t *testing.T) {
+	e := newCLIEnv(t)
+	rec := e.attachDaemon("t-why", "--mode", "nbd")
+	b, err := os.ReadFile(rec.LogFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "provider tcp: the target on this host offers no shared memory for "+cliSubNQN) {
+		t.Fatalf("attach did not say why it uses tcp; its log:\n%s", b)
+	}
+	e.mustRun("detach", rec.Name)
+	e.assertGone(rec)
+}
+
+func TestIsLocalHost(t *testing.T) {
+	ctx := context.Background()
+	for host, want := range map[string]bool{"127.0.0.1": true, "::1": true, "localhost": true, "192.0.2.1": false} {
+		if got := isLocalHost(ctx, host); got != want {
+			t.Errorf("isLocalHost(%q) = %v, want %v", host, got, want)
+		}
+	}
 }

@@ -11,8 +11,8 @@
 // is gone.
 //
 // Addresses are paths of unix sockets, written "unix:/run/nprdma/t.sock" or
-// "/run/nprdma/t.sock"; Listen("") picks a fresh path in the temporary
-// directory. docs/nprdma.md (§8.3) and docs/np-rdma.md (§10) describe the
+// "/run/nprdma/t.sock" (Listen makes the directory if it is missing);
+// Listen("") picks a fresh path in the temporary directory. docs/nprdma.md (§8.3) and docs/np-rdma.md (§10) describe the
 // provider and the reader's protocol.
 package shm
 
@@ -167,6 +167,9 @@ func (p *Provider) Listen(addr string) (nprdma.LinkListener, error) {
 	path := Path(addr)
 	if path == "" {
 		path = filepath.Join(os.TempDir(), fmt.Sprintf("nprdma-shm-%d-%d.sock", os.Getpid(), listenSeq.Add(1)))
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
 	}
 	removeStale(path)
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
