@@ -187,10 +187,25 @@ func (s stubProvider) Dial(context.Context, string, nprdma.Hello) (nprdma.Link, 
 // held, and nothing may panic.
 func feedRing(t *testing.T, data []byte) {
 	p := New(WithSpin(0), WithRingSize(minRingSize))
-	mem, err := unix.Mmap(-1, 0, ringFileSize(minRingSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	// The ring file, mapped twice: the link's mapping (which it unmaps when
+	// it goes down) and the peer's, which this test writes and watches.
+	fd, err := unix.MemfdCreate("nprdma-shm-fuzz", unix.MFD_CLOEXEC)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, int64(ringFileSize(minRingSize))); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(fd, 0, ringFileSize(minRingSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerMem, err := unix.Mmap(fd, 0, ringFileSize(minRingSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(peerMem)
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -236,13 +251,13 @@ func feedRing(t *testing.T, data []byte) {
 		nprdma.SendWR{ID: 11, Op: nprdma.OpSend, SG: []nprdma.SGE{mr.SGE(0, 100)}, Signaled: true},
 		nprdma.SendWR{ID: 12, Op: nprdma.OpWrite, SG: []nprdma.SGE{mr.SGE(0, 100)}, RemoteAddr: 0x1000, RKey: 5})
 	// The peer writes data into ring 1 (listener → dialer).
-	peer := producer{ring: newRing(mem, minRingSize, 1)}
+	peer := producer{ring: newRing(peerMem, minRingSize, 1)}
 	peer.put(data)
 	peer.publish()
-	l.inData.ring()
+	l.inData.ring() // as the peer would (a closed bell, if the link went down, refuses it)
 	// Quiet: the link consumed everything or waits for more (asleep), or
 	// it is down.
-	in := newRing(mem, minRingSize, 1)
+	in := peer.ring
 	deadline := time.Now().Add(20 * time.Second)
 	for !l.isBroken() && !(atomic.LoadUint32(in.rxSleeping) == 1) {
 		if time.Now().After(deadline) {

@@ -293,9 +293,14 @@ func (l *link) writer() {
 	}
 }
 
-// Flush implements nprdma.Link: it wakes the peer if it sleeps.
+// Flush implements nprdma.Link: it wakes the peer if it sleeps. It looks
+// at the ring under wmu: a queue pair may flush a link that went down (and
+// unmapped its ring) before the queue pair heard of it.
 func (l *link) Flush() {
-	if atomic.LoadUint32(l.out.rxSleeping) != 0 {
+	l.wmu.Lock()
+	sleeps := !l.dead && atomic.LoadUint32(l.out.rxSleeping) != 0
+	l.wmu.Unlock()
+	if sleeps {
 		l.outData.ring()
 	}
 }
@@ -543,6 +548,9 @@ func (l *link) teardown(err error) {
 // them), the ring file, the doorbells.
 func (l *link) release() {
 	l.shares.close()
+	l.wmu.Lock()
+	l.dead = true // nothing touches the ring after this
+	l.wmu.Unlock()
 	if l.file != nil {
 		unix.Munmap(l.file)
 		l.file = nil
