@@ -160,17 +160,18 @@ type Target struct {
 	instance nvme.NPInstance // what hosts see of this process (Identify Controller)
 	accepted atomic.Bool     // a connection was accepted: this run may have changed data
 
-	mu        sync.Mutex
-	subs      map[string]*Subsystem
-	ctrls     map[uint16]*controller
-	nextCNTL  uint16
-	queues    map[*queueConn]struct{}
-	ln        *fabric.Listener
-	started   bool
-	closed    bool
-	acceptCtx context.CancelFunc
-	acceptWG  sync.WaitGroup
-	retiring  sync.WaitGroup // replaced controllers finishing their teardown
+	mu         sync.Mutex
+	subs       map[string]*Subsystem
+	ctrls      map[uint16]*controller
+	nextCNTL   uint16
+	queues     map[*queueConn]struct{}
+	ports      []*port // the nprdma fabric's first
+	started    bool
+	closed     bool
+	acceptCtx  context.Context
+	stopAccept context.CancelFunc
+	acceptWG   sync.WaitGroup
+	retiring   sync.WaitGroup // replaced controllers finishing their teardown
 
 	draining atomic.Bool
 	drainMu  sync.RWMutex   // orders draining against inflight.Add (handle)
@@ -310,66 +311,24 @@ func (t *Target) Start() error {
 	if t.started || t.closed {
 		return fmt.Errorf("target: already started or closed")
 	}
-	opts := []fabric.ListenOption{
-		fabric.WithQueueEntries(fabric.DefaultAdminQueueEntries, t.cfg.queueDepth),
-		fabric.WithInCapsuleData(t.cfg.icd),
-		fabric.WithMaxQueueID(t.cfg.maxIOQueues),
-		fabric.WithMaxQueues(t.cfg.maxConnections),
-		fabric.WithDataPool(t.pool),
-		fabric.WithListenLogger(t.log),
-	}
-	if t.cfg.qpTimeout != 0 {
-		opts = append(opts, fabric.WithControllerQPTimeout(t.cfg.qpTimeout))
-	}
-	if t.cfg.busyPoll > 0 {
-		opts = append(opts, fabric.WithReceiveBusyPoll(t.cfg.busyPoll))
-	}
-	ln, err := fabric.Listen(t.pd, t.cfg.listen, opts...)
+	p, err := t.listenFabric()
 	if err != nil {
 		return fmt.Errorf("target: %w", err)
 	}
-	t.ln = ln
 	t.started = true
-	ctx, cancel := context.WithCancel(context.Background())
-	t.acceptCtx = cancel
-	t.acceptWG.Add(1)
-	go t.acceptLoop(ctx)
+	t.acceptCtx, t.stopAccept = context.WithCancel(context.Background())
+	t.addPortLocked(p)
 	return nil
 }
 
-// Addr is the address hosts connect to (after Start).
+// Addr is the address hosts connect to over the nprdma fabric (after Start).
 func (t *Target) Addr() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.ln == nil {
+	if len(t.ports) == 0 {
 		return ""
 	}
-	return t.ln.Addr()
-}
-
-func (t *Target) acceptLoop(ctx context.Context) {
-	defer t.acceptWG.Done()
-	for {
-		q, err := t.ln.Accept(ctx)
-		if err != nil {
-			return
-		}
-		qc := newQueueConn(t, q)
-		t.accepted.Store(true)
-		t.mu.Lock()
-		if t.closed || t.draining.Load() {
-			t.mu.Unlock()
-			q.Close()
-			continue
-		}
-		t.queues[qc] = struct{}{}
-		t.mu.Unlock()
-		if t.met != nil {
-			t.met.connections.Inc()
-		}
-		q.Start(qc.handle)
-		go qc.watch()
-	}
+	return t.ports[0].ln.Addr()
 }
 
 // Subsystems lists the subsystems by NQN.
@@ -463,11 +422,13 @@ func (t *Target) stopAccepting() bool {
 	t.drainMu.Lock()
 	t.draining.Store(true)
 	t.drainMu.Unlock()
-	ln := t.ln
+	ports := t.ports
 	t.mu.Unlock()
-	if ln != nil {
-		ln.Close()
-		t.acceptCtx()
+	for _, p := range ports {
+		p.ln.Close()
+	}
+	if t.stopAccept != nil {
+		t.stopAccept()
 		t.acceptWG.Wait()
 	}
 	return true
@@ -508,8 +469,10 @@ func (t *Target) close() error {
 			}
 		}
 	}
-	if t.ln != nil {
-		t.ln.ClosePool()
+	for _, p := range t.ports {
+		if p.release != nil {
+			p.release()
+		}
 	}
 	t.pool.Close()
 	if t.pins != nil {
