@@ -74,13 +74,13 @@ type Reader struct {
 // ReaderOption configures a Reader.
 type ReaderOption func(*Reader)
 
-// WithStallTimeout bounds how long a PDU may take to arrive once its first
+// WithPDUTimeout bounds how long a PDU may take to arrive once its first
 // byte has (default 0: unbounded). It applies when the source has
 // SetReadDeadline (a net.Conn): the Reader sets a read deadline while a PDU
 // is partly read and clears it while it waits for the next PDU, so an idle
 // connection is never timed out, only a peer that stops in the middle of a
 // PDU. The read then fails with the source's timeout error.
-func WithStallTimeout(d time.Duration) ReaderOption {
+func WithPDUTimeout(d time.Duration) ReaderOption {
 	return func(r *Reader) { r.src.timeout = d }
 }
 
@@ -359,7 +359,7 @@ func unexpectedEOF(err error) error {
 type deadliner interface{ SetReadDeadline(time.Time) error }
 
 // stallSource sets a read deadline on its source while a PDU is partly read
-// (see WithStallTimeout). It touches the deadline only when a read of the
+// (see WithPDUTimeout). It touches the deadline only when a read of the
 // source is needed: at most once per PDU, and once when it goes idle.
 type stallSource struct {
 	r       io.Reader

@@ -344,7 +344,7 @@ func TestStallTimeout(t *testing.T) {
 	host, ctrl := net.Pipe()
 	defer host.Close()
 	defer ctrl.Close()
-	r := NewReader(ctrl, RoleController, WithStallTimeout(100*time.Millisecond))
+	r := NewReader(ctrl, RoleController, WithPDUTimeout(100*time.Millisecond))
 	r.Negotiated(0, 0, Limits{InCapsuleData: 4096})
 	cmd := mustCmd(t)
 	var buf bytes.Buffer

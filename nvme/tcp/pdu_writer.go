@@ -165,6 +165,12 @@ func (w *Writer) TermReq(t *TermReq) {
 	w.addData(data, false)
 }
 
+// discard empties the batch without writing it.
+func (w *Writer) discard() {
+	clear(w.segs)
+	w.segs, w.hdrs, w.n = w.segs[:0], w.hdrs[:0], 0
+}
+
 // Flush writes the batch with one vectored write and empties it, also when
 // the write fails (the connection is then of no further use).
 func (w *Writer) Flush() error {
@@ -181,8 +187,7 @@ func (w *Writer) Flush() error {
 	}
 	w.bufs = bufs
 	_, err := bufs.WriteTo(w.w) // consumes a copy of the slice header
-	clear(w.segs)               // drop the references to the callers' data
-	clear(w.bufs)
-	w.segs, w.hdrs, w.n = w.segs[:0], w.hdrs[:0], 0
+	clear(w.bufs)               // drop the references to the callers' data
+	w.discard()
 	return err
 }
