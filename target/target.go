@@ -54,6 +54,8 @@ type Option func(*config)
 type config struct {
 	provider       nprdma.Provider
 	listen         string
+	listenTCP      string
+	listenTCPDisc  string
 	dataDir        string
 	reg            prometheus.Registerer
 	log            *slog.Logger
@@ -74,8 +76,22 @@ type config struct {
 // WithProvider sets the nprdma provider (default nprdma/tcp).
 func WithProvider(p nprdma.Provider) Option { return func(c *config) { c.provider = p } }
 
-// WithListen sets the address hosts connect to (default DefaultListen).
+// WithListen sets the address hosts connect to over the nprdma fabric
+// (default DefaultListen).
 func WithListen(addr string) Option { return func(c *config) { c.listen = addr } }
+
+// WithListenNVMeTCP also serves the subsystems to NVMe/TCP hosts (a stock
+// Linux host's `nvme connect -t tcp`) at addr, host:port (default "": not
+// served). Its port answers the discovery NQN too. Reads over NVMe/TCP are
+// two-sided, through the namespaces' regions like every command.
+func WithListenNVMeTCP(addr string) Option { return func(c *config) { c.listenTCP = addr } }
+
+// WithListenNVMeTCPDiscovery serves an NVMe/TCP discovery controller, and
+// nothing else, at addr (default "": not served; 8009 is the port hosts try
+// by convention). Its discovery log points at the WithListenNVMeTCP port.
+func WithListenNVMeTCPDiscovery(addr string) Option {
+	return func(c *config) { c.listenTCPDisc = addr }
+}
 
 // WithDataDir keeps the durable metadata (namespace identity, host lists,
 // the clean-shutdown marker) in a badger store in dir. Without it identities
@@ -311,13 +327,42 @@ func (t *Target) Start() error {
 	if t.started || t.closed {
 		return fmt.Errorf("target: already started or closed")
 	}
+	if t.cfg.listenTCPDisc != "" && t.cfg.listenTCP == "" {
+		return fmt.Errorf("target: an NVMe/TCP discovery port without an NVMe/TCP port to point hosts at")
+	}
+	ports := make([]*port, 0, 3)
+	fail := func(err error) error {
+		for _, p := range ports {
+			p.ln.Close()
+			if p.release != nil {
+				p.release()
+			}
+		}
+		return fmt.Errorf("target: %w", err)
+	}
 	p, err := t.listenFabric()
 	if err != nil {
-		return fmt.Errorf("target: %w", err)
+		return fail(err)
+	}
+	ports = append(ports, p)
+	for _, l := range []struct {
+		addr string
+		disc bool
+	}{{t.cfg.listenTCP, false}, {t.cfg.listenTCPDisc, true}} {
+		if l.addr == "" {
+			continue
+		}
+		p, err := t.listenTCP(l.addr, l.disc)
+		if err != nil {
+			return fail(err)
+		}
+		ports = append(ports, p)
 	}
 	t.started = true
 	t.acceptCtx, t.stopAccept = context.WithCancel(context.Background())
-	t.addPortLocked(p)
+	for _, p := range ports {
+		t.addPortLocked(p)
+	}
 	return nil
 }
 
@@ -329,6 +374,24 @@ func (t *Target) Addr() string {
 		return ""
 	}
 	return t.ports[0].ln.Addr()
+}
+
+// NVMeTCPAddr is the address of the NVMe/TCP port, "" when not served.
+func (t *Target) NVMeTCPAddr() string { return t.tcpAddr(false) }
+
+// NVMeTCPDiscoveryAddr is the address of the NVMe/TCP discovery port, ""
+// when not served.
+func (t *Target) NVMeTCPDiscoveryAddr() string { return t.tcpAddr(true) }
+
+func (t *Target) tcpAddr(discoveryOnly bool) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range t.ports {
+		if p.transport == "tcp" && p.discoveryOnly == discoveryOnly {
+			return p.ln.Addr()
+		}
+	}
+	return ""
 }
 
 // Subsystems lists the subsystems by NQN.
