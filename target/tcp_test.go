@@ -4,74 +4,31 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/internal/nvmetcptest"
 	"github.com/nprdma/nprdma/internal/promtest"
-	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/tcp"
 	"github.com/nprdma/nprdma/target"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // The target served to NVMe/TCP hosts, driven by the test host of
 // internal/nvmetcptest with what a Linux host sends (nvmeof.md §3.1).
 
+// tcpNSID is the namespace of newRig.
 const tcpNSID = 3
 
-type tcpRig struct {
-	tg  *target.Target
-	reg *prometheus.Registry
-	pd  *nprdma.PD // a host on the nprdma fabric (loop), beside the NVMe/TCP hosts
-}
-
-// newTCPRig starts a target with an NVMe/TCP port and discovery port on
-// loopback, the nprdma fabric over loop, and one subsystem (subNQN, host
-// hostNQN allowed) holding an 8 MiB namespace tcpNSID.
-func newTCPRig(t testing.TB, opts ...target.Option) *tcpRig {
+// newTCPRig is newRig with an NVMe/TCP port and a discovery port on
+// loopback beside the nprdma fabric over loop.
+func newTCPRig(t testing.TB, opts ...target.Option) *adminRig {
 	t.Helper()
 	f := loop.NewFabric()
-	reg := prometheus.NewRegistry()
-	opts = append([]target.Option{target.WithProvider(loop.New(loop.WithFabric(f))), target.WithListen("tcp-test"),
-		target.WithListenNVMeTCP("127.0.0.1:0"), target.WithListenNVMeTCPDiscovery("127.0.0.1:0"),
-		target.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), target.WithMetrics(reg),
-		target.WithMaxIOQueues(4), target.WithDataDir(filepath.Join(t.TempDir(), "meta"))}, opts...)
-	tg, err := target.New(opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub, err := tg.AddSubsystem(target.SubsystemConfig{NQN: subNQN, AllowHosts: []string{hostNQN}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "ns.img")
-	if err := blockdev.Create(path, 8<<20); err != nil {
-		t.Fatal(err)
-	}
-	dev, err := blockdev.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sub.AddNamespace(target.NamespaceConfig{NSID: tcpNSID, Backing: dev}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tg.Start(); err != nil {
-		t.Fatal(err)
-	}
-	hdev := nprdma.NewDevice(loop.New(loop.WithFabric(f)), nprdma.WithPinning(false))
-	t.Cleanup(func() {
-		tg.Close()
-		hdev.Close()
-	})
-	return &tcpRig{tg: tg, reg: reg, pd: hdev.AllocPD()}
+	return newRig(t, loop.New(loop.WithFabric(f)), loop.New(loop.WithFabric(f)), "tcp-test", nil,
+		append([]target.Option{target.WithListenNVMeTCP("127.0.0.1:0"), target.WithListenNVMeTCPDiscovery("127.0.0.1:0")}, opts...)...)
 }
 
 // exec runs cmd on h and fails the test on a transport error.
@@ -140,7 +97,7 @@ func TestNVMeTCPLinuxBringUp(t *testing.T) {
 	}
 }
 
-func testLinuxBringUp(t *testing.T, r *tcpRig, dg tcp.Digests) {
+func testLinuxBringUp(t *testing.T, r *adminRig, dg tcp.Digests) {
 	addr := r.tg.NVMeTCPAddr()
 	h, cntlid := bringUp(t, addr, dg, subNQN)
 	// Identify Controller: the fields the Linux host checks.
@@ -396,12 +353,11 @@ func TestNVMeTCPBesideTheFabric(t *testing.T) {
 	data := bytes.Repeat([]byte("tcp!"), target.BlockSize/4)
 	wantOK(t, exec(t, io, mc(t)(nvme.WriteCommand(tcpNSID, 7, 1, 0, nvme.SGLDescriptor{})), data, nil), "write over NVMe/TCP")
 
-	fr := &adminRig{tg: r.tg, pd: r.pd, reg: r.reg}
-	fq, fcntl := fr.adminController(t)
+	fq, fcntl := r.adminController(t)
 	if _, err := fq.Submit(context.Background(), nvme.SetFeaturesCommand(nvme.FeatureNumberOfQueues, 0, false), nil); err != nil {
 		t.Fatal(err)
 	}
-	fio := fr.dial(t, 1, 8192)
+	fio := r.dial(t, 1, 8192)
 	if _, err := connectCmd(t, fio, subNQN, fcntl); err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +367,7 @@ func TestNVMeTCPBesideTheFabric(t *testing.T) {
 	}
 	// The TCP controller's I/O queue over the fabric, and the fabric
 	// controller's over NVMe/TCP: refused.
-	cross := fr.dial(t, 2, 8192)
+	cross := r.dial(t, 2, 8192)
 	_, err := connectCmd(t, cross, subNQN, cntlid)
 	wantStatus(t, err, nvme.StatusConnectInvalidParameters)
 	tio := nvmetcptest.Dial(t, addr, 0)
@@ -442,7 +398,12 @@ func TestNVMeTCPBadInputEndsThatQueueOnly(t *testing.T) {
 	}
 	tcpWriteRead(t, good, 1, 8, 2)
 	wantOK(t, exec(t, h, nvme.KeepAliveCommand(), nil, nil), "keep alive after the bad queue")
-	// The host may reconnect the queue it lost.
+	// The host may reconnect the queue it lost, once the controller has let
+	// it go.
+	waitFor(t, "the bad queue to leave its controller", func() bool {
+		l := r.tg.ControllerList()
+		return len(l) == 1 && l[0].IOQueues == 1
+	})
 	again := nvmetcptest.Dial(t, addr, tcp.HeaderDigest)
 	wantOK(t, again.Connect(t, 2, 31, subNQN, hostNQN, cntlid), "I/O reconnect")
 	got := make([]byte, target.BlockSize)
