@@ -29,5 +29,6 @@ func experiments() []bench.Spec {
 		e2ebench.E2ESpec(bins),
 		npbench.PoolSpec(),
 		e2ebench.StartupSpec(bins),
+		e2ebench.GuestNVMeTCPSpec(bins),
 	}
 }
