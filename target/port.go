@@ -27,7 +27,7 @@ type port struct {
 	release func()
 }
 
-// addPort starts serving p (t.mu held).
+// addPortLocked starts serving p (t.mu held).
 func (t *Target) addPortLocked(p *port) {
 	p.id = uint16(len(t.ports) + 1)
 	p.entry.PORTID = p.id

@@ -62,7 +62,7 @@ type ControllerQueue struct {
 	out      *batch
 	spare    *batch
 	writing  bool
-	queued   uint64      // batches begun (out is number queued)
+	queued   uint64      // batches taken for writing (out becomes number queued+1)
 	flushed  uint64      // batches written (or discarded)
 	sqfcOff  atomic.Bool // SQ flow control disabled (Connect CATTR): SQHD 0xFFFF, C2HData SUCCESS
 	wtimeout time.Duration
@@ -140,8 +140,14 @@ func (q *ControllerQueue) Close() error {
 	if q.started.Load() {
 		<-q.loopDone
 	} else {
-		q.closeOnce.Do(q.teardown)
-		close(q.loopDone)
+		q.closeOnce.Do(func() {
+			if r := q.first; r != nil {
+				q.first = nil
+				r.Fail(nvme.Errorf(nvme.StatusAbortedSQDeleted, "queue %d closed before it started", q.qid))
+			}
+			q.teardown()
+			close(q.loopDone)
+		})
 	}
 	return nil
 }
@@ -600,7 +606,7 @@ func (r *Request) Complete(c nvme.Completion) error {
 			data = r.data[:r.dataLen]
 		}
 	}
-	if c.Status.OK() && r.Cmd.IsFabrics() && r.Cmd.FabricsType() == nvme.FabricsConnect && r.Cmd.Connect().CATTR&connectDisableSQFlowControl != 0 {
+	if c.Status.OK() && r.Cmd.IsFabrics() && r.Cmd.FabricsType() == nvme.FabricsConnect && r.Cmd.Connect().CATTR&nvme.CATTRDisableSQFlowControl != 0 {
 		// From this completion on: nvmet answers the Connect itself with
 		// SQHD 0xFFFF.
 		q.sqfcOff.Store(true)
@@ -631,9 +637,6 @@ func (r *Request) Complete(c nvme.Completion) error {
 	})
 	return nil
 }
-
-// connectDisableSQFlowControl is CATTR bit 2 of Connect.
-const connectDisableSQFlowControl = 1 << 2
 
 // release gives the request's buffers back and its slot to a later command;
 // for a request whose data the receive loop may still be placing (a write

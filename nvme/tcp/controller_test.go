@@ -512,3 +512,35 @@ func TestMaxQueues(t *testing.T) {
 	}
 	writeRead(t, a, 0, 1, 1)
 }
+
+// TestListenerCloseEndsQueuesNotAccepted: a queue initialized but never
+// accepted is closed with the listener, its first command released.
+func TestListenerCloseEndsQueuesNotAccepted(t *testing.T) {
+	ln, err := tcp.Listen("127.0.0.1:0", tcp.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := nvmetcptest.Dial(t, ln.Addr(), 0)
+	d := nvme.ConnectData{CNTLID: 1, SubNQN: subNQN, HostNQN: hostNQN}
+	data, _ := d.Marshal()
+	cmd := nvme.ConnectCommand(nvme.ConnectParams{QID: 1, SQSIZE: 31}, nvme.InCapsuleSGL(0, uint32(len(data))))
+	cmd.CID, cmd.Flags = 1, nvme.FlagsSGL
+	h.W.CapsuleCmd(&cmd, data)
+	if err := h.W.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for ln.Queues() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	done := make(chan struct{})
+	go func() { ln.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close hangs on a queue nobody accepted")
+	}
+	h.ExpectClosed(t)
+	if n := ln.Queues(); n != 0 {
+		t.Fatalf("%d queues left", n)
+	}
+}
