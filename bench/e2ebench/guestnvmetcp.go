@@ -36,7 +36,7 @@ type GuestNVMeTCPConfig struct {
 func DefaultGuestNVMeTCPConfig(m bench.Mode) GuestNVMeTCPConfig {
 	return GuestNVMeTCPConfig{
 		Rounds:        5,
-		Runtime:       bench.ByMode(m, 6*time.Second, 20*time.Second),
+		Runtime:       bench.ByMode(m, 4*time.Second, 20*time.Second),
 		NamespaceSize: 256 << 20,
 	}
 }
