@@ -378,9 +378,9 @@ func TestRKeyOfAnotherControllerIsRefused(t *testing.T) {
 				t.Fatal("two controllers share an rkey")
 			}
 			b.mu.Lock()
-			q := b.sess.io[0]
+			q := b.sess.io[0].(remoteReader)
 			b.mu.Unlock()
-			buf, err := b.pool.Get(BlockSize)
+			buf, err := b.b.remote().pool.Get(BlockSize)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -510,10 +510,11 @@ func TestKeepAliveTimeoutTearsControllerDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Controller{cfg: cfg, addr: r.tg.Addr(), subNQN: testSubNQN, dev: r.dev, pd: r.dev.AllocPD()}
-	if c.pool, err = nprdma.NewBufferPool(c.pd, fabric.HostAccess); err != nil {
+	c, err := newController(NPRDMA(r.dev), r.tg.Addr(), testSubNQN, cfg)
+	if err != nil {
 		t.Fatal(err)
 	}
+	defer c.b.close()
 	ctx := context.Background()
 	s, err := c.connectAdmin(ctx, testSubNQN, 300*time.Millisecond, nvme.NPControllerRef{})
 	if err != nil {
