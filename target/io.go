@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/nvme"
-	"github.com/nprdma/nprdma/nvme/fabric"
 	"github.com/nprdma/nprdma/swap"
 )
 
@@ -15,8 +14,8 @@ const hostDataTimeout = 30 * time.Second
 
 // io executes an I/O command on worker w. Commands that change a namespace
 // do it between w's beginChange and endChange (fence.go).
-func (c *controller) io(w *worker, r *fabric.Request) result {
-	cmd := &r.Cmd
+func (c *controller) io(w *worker, r Request) result {
+	cmd := r.Command()
 	if cmd.IsFabrics() {
 		return result{err: nvme.InvalidOpcode(cmd, false)}
 	}

@@ -54,6 +54,8 @@ type Option func(*config)
 type config struct {
 	provider       nprdma.Provider
 	listen         string
+	listenTCP      string
+	listenTCPDisc  string
 	dataDir        string
 	reg            prometheus.Registerer
 	log            *slog.Logger
@@ -74,8 +76,22 @@ type config struct {
 // WithProvider sets the nprdma provider (default nprdma/tcp).
 func WithProvider(p nprdma.Provider) Option { return func(c *config) { c.provider = p } }
 
-// WithListen sets the address hosts connect to (default DefaultListen).
+// WithListen sets the address hosts connect to over the nprdma fabric
+// (default DefaultListen).
 func WithListen(addr string) Option { return func(c *config) { c.listen = addr } }
+
+// WithListenNVMeTCP also serves the subsystems to NVMe/TCP hosts (a stock
+// Linux host's `nvme connect -t tcp`) at addr, host:port (default "": not
+// served). Its port answers the discovery NQN too. Reads over NVMe/TCP are
+// two-sided, through the namespaces' regions like every command.
+func WithListenNVMeTCP(addr string) Option { return func(c *config) { c.listenTCP = addr } }
+
+// WithListenNVMeTCPDiscovery serves an NVMe/TCP discovery controller, and
+// nothing else, at addr (default "": not served; 8009 is the port hosts try
+// by convention). Its discovery log points at the WithListenNVMeTCP port.
+func WithListenNVMeTCPDiscovery(addr string) Option {
+	return func(c *config) { c.listenTCPDisc = addr }
+}
 
 // WithDataDir keeps the durable metadata (namespace identity, host lists,
 // the clean-shutdown marker) in a badger store in dir. Without it identities
@@ -160,17 +176,18 @@ type Target struct {
 	instance nvme.NPInstance // what hosts see of this process (Identify Controller)
 	accepted atomic.Bool     // a connection was accepted: this run may have changed data
 
-	mu        sync.Mutex
-	subs      map[string]*Subsystem
-	ctrls     map[uint16]*controller
-	nextCNTL  uint16
-	queues    map[*queueConn]struct{}
-	ln        *fabric.Listener
-	started   bool
-	closed    bool
-	acceptCtx context.CancelFunc
-	acceptWG  sync.WaitGroup
-	retiring  sync.WaitGroup // replaced controllers finishing their teardown
+	mu         sync.Mutex
+	subs       map[string]*Subsystem
+	ctrls      map[uint16]*controller
+	nextCNTL   uint16
+	queues     map[*queueConn]struct{}
+	ports      []*port // the nprdma fabric's first
+	started    bool
+	closed     bool
+	acceptCtx  context.Context
+	stopAccept context.CancelFunc
+	acceptWG   sync.WaitGroup
+	retiring   sync.WaitGroup // replaced controllers finishing their teardown
 
 	draining atomic.Bool
 	drainMu  sync.RWMutex   // orders draining against inflight.Add (handle)
@@ -310,66 +327,71 @@ func (t *Target) Start() error {
 	if t.started || t.closed {
 		return fmt.Errorf("target: already started or closed")
 	}
-	opts := []fabric.ListenOption{
-		fabric.WithQueueEntries(fabric.DefaultAdminQueueEntries, t.cfg.queueDepth),
-		fabric.WithInCapsuleData(t.cfg.icd),
-		fabric.WithMaxQueueID(t.cfg.maxIOQueues),
-		fabric.WithMaxQueues(t.cfg.maxConnections),
-		fabric.WithDataPool(t.pool),
-		fabric.WithListenLogger(t.log),
+	if t.cfg.listenTCPDisc != "" && t.cfg.listenTCP == "" {
+		return fmt.Errorf("target: an NVMe/TCP discovery port without an NVMe/TCP port to point hosts at")
 	}
-	if t.cfg.qpTimeout != 0 {
-		opts = append(opts, fabric.WithControllerQPTimeout(t.cfg.qpTimeout))
-	}
-	if t.cfg.busyPoll > 0 {
-		opts = append(opts, fabric.WithReceiveBusyPoll(t.cfg.busyPoll))
-	}
-	ln, err := fabric.Listen(t.pd, t.cfg.listen, opts...)
-	if err != nil {
+	ports := make([]*port, 0, 3)
+	fail := func(err error) error {
+		for _, p := range ports {
+			p.ln.Close()
+			if p.release != nil {
+				p.release()
+			}
+		}
 		return fmt.Errorf("target: %w", err)
 	}
-	t.ln = ln
+	p, err := t.listenFabric()
+	if err != nil {
+		return fail(err)
+	}
+	ports = append(ports, p)
+	for _, l := range []struct {
+		addr string
+		disc bool
+	}{{t.cfg.listenTCP, false}, {t.cfg.listenTCPDisc, true}} {
+		if l.addr == "" {
+			continue
+		}
+		p, err := t.listenTCP(l.addr, l.disc)
+		if err != nil {
+			return fail(err)
+		}
+		ports = append(ports, p)
+	}
 	t.started = true
-	ctx, cancel := context.WithCancel(context.Background())
-	t.acceptCtx = cancel
-	t.acceptWG.Add(1)
-	go t.acceptLoop(ctx)
+	t.acceptCtx, t.stopAccept = context.WithCancel(context.Background())
+	for _, p := range ports {
+		t.addPortLocked(p)
+	}
 	return nil
 }
 
-// Addr is the address hosts connect to (after Start).
+// Addr is the address hosts connect to over the nprdma fabric (after Start).
 func (t *Target) Addr() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.ln == nil {
+	if len(t.ports) == 0 {
 		return ""
 	}
-	return t.ln.Addr()
+	return t.ports[0].ln.Addr()
 }
 
-func (t *Target) acceptLoop(ctx context.Context) {
-	defer t.acceptWG.Done()
-	for {
-		q, err := t.ln.Accept(ctx)
-		if err != nil {
-			return
+// NVMeTCPAddr is the address of the NVMe/TCP port, "" when not served.
+func (t *Target) NVMeTCPAddr() string { return t.tcpAddr(false) }
+
+// NVMeTCPDiscoveryAddr is the address of the NVMe/TCP discovery port, ""
+// when not served.
+func (t *Target) NVMeTCPDiscoveryAddr() string { return t.tcpAddr(true) }
+
+func (t *Target) tcpAddr(discoveryOnly bool) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range t.ports {
+		if p.transport == "tcp" && p.discoveryOnly == discoveryOnly {
+			return p.ln.Addr()
 		}
-		qc := newQueueConn(t, q)
-		t.accepted.Store(true)
-		t.mu.Lock()
-		if t.closed || t.draining.Load() {
-			t.mu.Unlock()
-			q.Close()
-			continue
-		}
-		t.queues[qc] = struct{}{}
-		t.mu.Unlock()
-		if t.met != nil {
-			t.met.connections.Inc()
-		}
-		q.Start(qc.handle)
-		go qc.watch()
 	}
+	return ""
 }
 
 // Subsystems lists the subsystems by NQN.
@@ -463,11 +485,13 @@ func (t *Target) stopAccepting() bool {
 	t.drainMu.Lock()
 	t.draining.Store(true)
 	t.drainMu.Unlock()
-	ln := t.ln
+	ports := t.ports
 	t.mu.Unlock()
-	if ln != nil {
-		ln.Close()
-		t.acceptCtx()
+	for _, p := range ports {
+		p.ln.Close()
+	}
+	if t.stopAccept != nil {
+		t.stopAccept()
 		t.acceptWG.Wait()
 	}
 	return true
@@ -508,8 +532,10 @@ func (t *Target) close() error {
 			}
 		}
 	}
-	if t.ln != nil {
-		t.ln.ClosePool()
+	for _, p := range t.ports {
+		if p.release != nil {
+			p.release()
+		}
 	}
 	t.pool.Close()
 	if t.pins != nil {
