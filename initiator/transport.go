@@ -7,6 +7,7 @@ import (
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
+	"github.com/nprdma/nprdma/nvme/tcp"
 )
 
 // Transport is the NVMe-oF transport a controller's queues run over:
@@ -27,6 +28,15 @@ func (t Transport) String() string { return t.name }
 // regions one-sided.
 func NPRDMA(dev *nprdma.Device) Transport {
 	return Transport{name: "nprdma", bind: func(cfg *config) (binding, error) { return bindNPRDMA(dev, cfg) }}
+}
+
+// TCP is NVMe/TCP (package nvme/tcp): two-sided I/O to any NVMe/TCP
+// target, with the dial options given (digests; default none). WithQPTimeout
+// and WithBusyPoll do not apply to it: a silent target is noticed by the
+// keep-alive, a target that stops in the middle of a PDU by
+// tcp.WithHostStallTimeout.
+func TCP(opts ...tcp.DialOption) Transport {
+	return Transport{name: "tcp", bind: func(*config) (binding, error) { return tcpBinding{opts: opts}, nil }}
 }
 
 // queueConfig describes one queue a session dials.
@@ -130,3 +140,18 @@ func (b *nprdmaBinding) close() error {
 	}
 	return err
 }
+
+// tcpBinding dials tcp.HostQueues; it holds nothing.
+type tcpBinding struct{ opts []tcp.DialOption }
+
+func (b tcpBinding) dial(ctx context.Context, addr string, qc queueConfig) (hostQueue, error) {
+	q, err := tcp.Dial(ctx, addr, tcp.QueueConfig{QID: qc.qid, Entries: qc.entries, InCapsuleData: qc.icd}, b.opts...)
+	if err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+func (tcpBinding) maxTransfer() int     { return tcp.MaxTransfer }
+func (tcpBinding) remote() *remoteReads { return nil }
+func (tcpBinding) close() error         { return nil }
