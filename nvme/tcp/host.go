@@ -86,6 +86,8 @@ type HostQueue struct {
 	wmu      sync.Mutex
 	w, spare *Writer // the batch being filled, and the one being written
 	flushing bool
+	flushed  *sync.Cond // of wmu: broadcast when flushing ends
+	ended    bool       // a termination request is written: nothing may follow it
 
 	token chan struct{} // held by the goroutine reading the connection
 	cids  chan uint16
@@ -154,6 +156,7 @@ func newHostQueue(ctx context.Context, conn net.Conn, addr string, qc QueueConfi
 	}
 	q.rd = NewReader(conn, RoleHost, WithPDUTimeout(cfg.stall))
 	q.w, q.spare = NewWriter(conn), NewWriter(conn)
+	q.flushed = sync.NewCond(&q.wmu)
 	if err := q.initialize(ctx, cfg.digests); err != nil {
 		return nil, fmt.Errorf("nvme/tcp: queue %d at %s: %w", qc.QID, addr, err)
 	}
@@ -344,9 +347,13 @@ func (q *HostQueue) Submit(ctx context.Context, cmd nvme.Command, data []byte) (
 	c.abandoned = false
 	q.mu.Unlock()
 	q.wmu.Lock()
-	q.w.CapsuleCmd(&c.cmd, icd)
-	if err := q.flushLocked(); err != nil {
-		q.fail(fmt.Errorf("send: %w", err), false)
+	if q.ended {
+		q.wmu.Unlock() // the queue is failing: that completes c
+	} else {
+		q.w.CapsuleCmd(&c.cmd, icd)
+		if err := q.flushLocked(); err != nil {
+			q.fail(fmt.Errorf("send: %w", err), false)
+		}
 	}
 	if err := q.wait(ctx, c); err != nil {
 		return nvme.Completion{}, err // abandoned: recycled when it completes
@@ -380,6 +387,7 @@ func (q *HostQueue) flushLocked() error {
 		q.wmu.Lock()
 	}
 	q.flushing = false
+	q.flushed.Broadcast()
 	q.wmu.Unlock()
 	return err
 }

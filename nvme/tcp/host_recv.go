@@ -198,6 +198,10 @@ func (q *HostQueue) r2t(h *Header) error {
 	end := int(r.R2TO) + int(r.R2TL)
 	c.moved = end
 	q.wmu.Lock()
+	if q.ended {
+		q.wmu.Unlock()
+		return nil
+	}
 	for off := int(r.R2TO); off < end; {
 		n := min(end-off, q.maxH2C)
 		d := DataHeader{CCCID: r.CCCID, TTAG: r.TTAG, DATAO: uint32(off), Last: off+n == end}
@@ -224,6 +228,9 @@ func (q *HostQueue) termReceived(h *Header) error {
 	return fmt.Errorf("%w: %s", ErrTermReq, &t)
 }
 
+// termReqTimeout bounds the write of a termination request.
+const termReqTimeout = time.Second
+
 // terminate turns an error of the stream into the queue's failure cause;
 // a protocol error of the controller's is reported to it first with an
 // H2CTermReq (the connection is closed right after).
@@ -231,9 +238,16 @@ func (q *HostQueue) terminate(err error) error {
 	var pe *ProtocolError
 	switch {
 	case errors.As(err, &pe):
+		// Written before the connection is closed: after any write under
+		// way (which may carry it), within a bound.
 		t := pe.TermReq(TypeH2CTermReq)
+		q.conn.SetWriteDeadline(time.Now().Add(termReqTimeout))
 		q.wmu.Lock()
 		q.w.TermReq(&t)
+		q.ended = true
+		for q.flushing {
+			q.flushed.Wait()
+		}
 		q.flushLocked()
 		return fmt.Errorf("protocol error of the controller: %w", err)
 	case errors.Is(err, os.ErrDeadlineExceeded):
