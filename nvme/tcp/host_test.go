@@ -548,3 +548,29 @@ func TestHostContextEndsAWaitingLeader(t *testing.T) {
 }
 
 var _ io.Closer = (*HostQueue)(nil)
+
+// BenchmarkHostRead reads 4 KiB at QD1 from the fake controller (whose
+// own costs are included), with a context that cannot end (the direct
+// path) and one that can (the copy path).
+func BenchmarkHostRead(b *testing.B) {
+	f := newFakeController(b, 1<<20)
+	q := dialFake(b, f, QueueConfig{QID: 1, Entries: 32})
+	cmd := rw(b, false, 0, 4096)
+	buf := make([]byte, 4096)
+	for _, cancelable := range []bool{false, true} {
+		b.Run(fmt.Sprintf("cancelable=%v", cancelable), func(b *testing.B) {
+			ctx := context.Background()
+			if cancelable {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				defer cancel()
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := q.Submit(ctx, cmd, buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
