@@ -106,11 +106,11 @@ type call struct {
 	finished  atomic.Bool
 	abandoned bool // under q.mu: the submitter gave up waiting
 	cmd       nvme.Command
-	in        []byte  // data the controller asks for with R2T
-	out       []byte  // where C2HData lands
+	in        []byte // data the controller asks for with R2T
+	out       []byte // where C2HData lands
 	own       []byte // a pooled copy of the caller's data (a submitter that may give up)
-	length    int     // the command's data transfer
-	moved     int     // bytes received (C2HData) or asked for (R2T) so far
+	length    int    // the command's data transfer
+	moved     int    // bytes received (C2HData) or asked for (R2T) so far
 	local     nvme.Status
 	cqe       nvme.Completion
 	err       error
