@@ -49,9 +49,6 @@ const (
 	TREQSecureChannelUnspecified uint8 = 0
 	TREQSecureChannelRequired    uint8 = 1
 	TREQSecureChannelNotRequired uint8 = 2
-	// TREQSQFlowControlDisable (bit 2): the port lets hosts disable SQ
-	// flow control (Connect CATTR bit 2).
-	TREQSQFlowControlDisable uint8 = 1 << 2
 )
 
 // DiscoveryLogEntry is one 1024-byte entry:

@@ -112,8 +112,13 @@ func (c *controller) io(w *worker, r Request) result {
 		return result{}
 	case nvme.IODatasetManagement:
 		p := cmd.DatasetManagement()
-		if err := cmd.CheckTransfer(p.DataLength(), maxT); err != nil {
-			return result{err: err}
+		// The data may be longer than the ranges: Linux sends its whole
+		// 4 KiB range buffer (256 ranges) whatever NR says, and nvmet
+		// accepts an SGL at least as long as the ranges.
+		if n := uint64(cmd.DPTR.Length()); n < p.DataLength() {
+			return result{err: nvme.Errorf(nvme.StatusDataSGLLengthInvalid.WithDNR(), "SGL describes %d bytes, %d ranges need %d", n, p.Ranges(), p.DataLength())}
+		} else if n > maxT {
+			return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(), "transfer of %d bytes exceeds the controller's limit of %d", n, maxT)}
 		}
 		data, err := r.HostData(hostDataTimeout)
 		if err != nil {

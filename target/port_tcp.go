@@ -39,7 +39,7 @@ func (t *Target) listenTCP(addr string, discoveryOnly bool) (*port, error) {
 	}
 	host, svc := splitHostPort(ln.Addr())
 	e := nvme.DiscoveryLogEntry{TRTYPE: nvme.TransportTCP, ADRFAM: nvme.AddressIPv4,
-		TREQ:   nvme.TREQSecureChannelNotRequired | nvme.TREQSQFlowControlDisable,
+		TREQ:   nvme.TREQSecureChannelNotRequired,
 		CNTLID: nvme.DynamicControllerID, ASQSZ: tcp.DefaultAdminQueueEntries, TRADDR: host, TRSVCID: svc}
 	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
 		e.ADRFAM = nvme.AddressIPv6

@@ -222,7 +222,14 @@ func testLinuxBringUp(t *testing.T, r *tcpRig, dg tcp.Digests) {
 	}
 	ranges := mc(t)(nvme.DeallocateCommand(tcpNSID, 1, nvme.SGLDescriptor{}))
 	rb, _ := nvme.MarshalDSMRanges([]nvme.DSMRange{{SLBA: 100, Blocks: 64}})
-	wantOK(t, exec(t, io, ranges, rb, nil), "deallocate")
+	// As Linux sends it: one range in a 4 KiB buffer.
+	wantOK(t, exec(t, io, ranges, append(rb, make([]byte, 4096-len(rb))...), nil), "deallocate")
+	wantOK(t, exec(t, io, mc(t)(nvme.ReadCommand(tcpNSID, 100, 1, 0, nvme.SGLDescriptor{})), nil, got[:target.BlockSize]), "read deallocated")
+	if !allZero(got[:target.BlockSize]) {
+		t.Fatal("a deallocated block does not read back as zeroes")
+	}
+	c = exec(t, io, mc(t)(nvme.DeallocateCommand(tcpNSID, 2, nvme.SGLDescriptor{})), rb, nil)
+	wantCQE(t, c, nvme.StatusDataSGLLengthInvalid, "deallocate with less data than its ranges")
 	// Bad commands get statuses, the queue goes on.
 	c = exec(t, io, mc(t)(nvme.ReadCommand(tcpNSID, 2047, 2, 0, nvme.SGLDescriptor{})), nil, make([]byte, 2*target.BlockSize))
 	wantCQE(t, c, nvme.StatusLBAOutOfRange, "read beyond the namespace")

@@ -14,8 +14,9 @@ import (
 )
 
 // ErrQueueFailed is wrapped by the errors of operations on a queue whose
-// connection failed or that was closed.
-var ErrQueueFailed = errors.New("nvme/tcp: queue failed")
+// connection failed or that was closed: nvme.ErrQueueFailed, shared by every
+// transport binding.
+var ErrQueueFailed = nvme.ErrQueueFailed
 
 // QueueStats are a controller queue's counters.
 type QueueStats struct {

@@ -296,6 +296,8 @@ func (l *Listener) handshake(conn net.Conn) (*ControllerQueue, error) {
 	}
 	q.first = r
 	_ = conn.SetDeadline(time.Time{})
+	l.cfg.log.Debug("nvme/tcp: connection initialized", "from", q.remote, "qid", q.qid, "entries", q.entries,
+		"digests", req.Digests.String(), "hpda", req.HPDA)
 	return q, nil
 }
 
