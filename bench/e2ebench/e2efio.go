@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -334,49 +335,11 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		}
 	}
 
-	results := make([]*e2eResult, len(cases))
-	for i, c := range cases {
-		results[i] = &e2eResult{def: c}
-	}
 	var pl placements
-	fio := bench.Fio{}
 	pinned := len(env.CPUs) > 0
-	var fioVersion string
-	for round := range cfg.Rounds {
-		for _, i := range bench.RoundOrder(len(cases), round) {
-			c := cases[i]
-			log.Info("e2e-fio: measuring", "case", c.key, "round", round+1, "of", cfg.Rounds)
-			var res bench.FioResult
-			err := pl.sampleDuring(c.procs, pinned, func() error {
-				var err error
-				res, err = fio.Run(ctx, c.args(cfg.Runtime, cfg.Ramp)...)
-				return err
-			})
-			if len(res.Raw) > 0 {
-				res.SaveRaw(filepath.Join(rawDir, fmt.Sprintf("fio-%s-r%d.json", c.key, round+1)))
-			}
-			if err != nil {
-				return nil, fmt.Errorf("e2e-fio %s: %w", c.key, err)
-			}
-			fioVersion = res.Version
-			fl := res.Placement
-			fl.Role, fl.Pinned = "fio ("+c.label+")", pinned
-			pl.add(fl)
-			r := results[i]
-			rd := res.GroupRead(0)
-			var wr bench.FioIO
-			for _, j := range res.Jobs {
-				wr = bench.MergeFioIO(wr, j.Write)
-			}
-			if rd.TotalIOs == 0 {
-				return nil, fmt.Errorf("e2e-fio %s: fio completed no reads", c.key)
-			}
-			r.p50 = append(r.p50, bench.Micros(rd.P50))
-			r.p99 = append(r.p99, bench.Micros(rd.P99))
-			r.iops = append(r.iops, rd.IOPS+wr.IOPS)
-			r.fio = append(r.fio, rd)
-			r.longest = max(r.longest, rd.Clat.Max)
-		}
+	results, fioVersion, err := measureCases(ctx, log, E2EName, cases, cfg.Rounds, cfg.Runtime, cfg.Ramp, rawDir, pinned, &pl)
+	if err != nil {
+		return nil, err
 	}
 
 	variants, err := pinVariants(ctx, env, cfg, byKeyOf(results), &pl)
@@ -538,6 +501,57 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		exp.Note("Not pinned: every process could run on either CPU; the placement table shows where each ran.")
 	}
 	return exp, nil
+}
+
+// measureCases runs fio on every case once per round, in the order of
+// bench.RoundOrder (reversed every other round), sampling where the cases'
+// processes run into pl and keeping fio's JSON in rawDir; it returns the
+// per-round figures of each case and fio's version.
+func measureCases(ctx context.Context, log *slog.Logger, name string, cases []e2eCase, rounds int, runtime, ramp time.Duration,
+	rawDir string, pinned bool, pl *placements) ([]*e2eResult, string, error) {
+	results := make([]*e2eResult, len(cases))
+	for i, c := range cases {
+		results[i] = &e2eResult{def: c}
+	}
+	fio := bench.Fio{}
+	var fioVersion string
+	for round := range rounds {
+		for _, i := range bench.RoundOrder(len(cases), round) {
+			c := cases[i]
+			log.Info(name+": measuring", "case", c.key, "round", round+1, "of", rounds)
+			var res bench.FioResult
+			err := pl.sampleDuring(c.procs, pinned, func() error {
+				var err error
+				res, err = fio.Run(ctx, c.args(runtime, ramp)...)
+				return err
+			})
+			if len(res.Raw) > 0 {
+				res.SaveRaw(filepath.Join(rawDir, fmt.Sprintf("fio-%s-r%d.json", c.key, round+1)))
+			}
+			if err != nil {
+				return nil, "", fmt.Errorf("%s %s: %w", name, c.key, err)
+			}
+			fioVersion = res.Version
+			fl := res.Placement
+			fl.Role, fl.Pinned = "fio ("+c.label+")", pinned
+			pl.add(fl)
+			r := results[i]
+			rd := res.GroupRead(0)
+			var wr bench.FioIO
+			for _, j := range res.Jobs {
+				wr = bench.MergeFioIO(wr, j.Write)
+			}
+			if rd.TotalIOs == 0 {
+				return nil, "", fmt.Errorf("%s %s: fio completed no reads", name, c.key)
+			}
+			r.p50 = append(r.p50, bench.Micros(rd.P50))
+			r.p99 = append(r.p99, bench.Micros(rd.P99))
+			r.iops = append(r.iops, rd.IOPS+wr.IOPS)
+			r.fio = append(r.fio, rd)
+			r.longest = max(r.longest, rd.Clat.Max)
+		}
+	}
+	return results, fioVersion, nil
 }
 
 // waitUnixSocket waits until something accepts connections on path.

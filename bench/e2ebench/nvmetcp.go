@@ -193,45 +193,11 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 			e2eCase{key: "1hop-qd" + qs, label: "nbdkit memory (one hop)", uri: mem.URI, rw: "randread", qd: q, procs: map[string]int{rNBDKit: mem.PID}},
 		)
 	}
-	results := make([]*e2eResult, len(cases))
-	for i, c := range cases {
-		results[i] = &e2eResult{def: c}
-	}
 	var pl placements
-	fio := bench.Fio{}
 	pinned := len(env.CPUs) > 0
-	var fioVersion string
-	for round := range cfg.Rounds {
-		for _, i := range bench.RoundOrder(len(cases), round) {
-			c := cases[i]
-			log.Info("nvme-tcp: measuring", "case", c.key, "round", round+1, "of", cfg.Rounds)
-			var res bench.FioResult
-			err := pl.sampleDuring(c.procs, pinned, func() error {
-				var err error
-				res, err = fio.Run(ctx, c.args(cfg.Runtime, cfg.Ramp)...)
-				return err
-			})
-			if len(res.Raw) > 0 {
-				res.SaveRaw(filepath.Join(rawDir, fmt.Sprintf("fio-%s-r%d.json", c.key, round+1)))
-			}
-			if err != nil {
-				return nil, fmt.Errorf("nvme-tcp %s: %w", c.key, err)
-			}
-			fioVersion = res.Version
-			fl := res.Placement
-			fl.Role, fl.Pinned = "fio ("+c.label+")", pinned
-			pl.add(fl)
-			rd := res.GroupRead(0)
-			if rd.TotalIOs == 0 {
-				return nil, fmt.Errorf("nvme-tcp %s: fio completed no reads", c.key)
-			}
-			r := results[i]
-			r.p50 = append(r.p50, bench.Micros(rd.P50))
-			r.p99 = append(r.p99, bench.Micros(rd.P99))
-			r.iops = append(r.iops, rd.IOPS)
-			r.fio = append(r.fio, rd)
-			r.longest = max(r.longest, rd.Clat.Max)
-		}
+	results, fioVersion, err := measureCases(ctx, log, NVMeTCPName, cases, cfg.Rounds, cfg.Runtime, cfg.Ramp, rawDir, pinned, &pl)
+	if err != nil {
+		return nil, err
 	}
 
 	qd := strconv.Itoa(cfg.QD)
