@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/nprdma/nprdma/nvme"
+	"github.com/nprdma/nprdma/nvme/internal/turns"
 )
 
 // The host side: HostQueue is one queue (one TCP connection) of a host's
@@ -18,7 +18,8 @@ import (
 //
 // Completions are read without a goroutine of the queue's own: the
 // goroutines waiting for their commands take turns reading the connection
-// (leader/follower, as nvme/fabric's HostQueue polls its completion queue).
+// (leader/follower, package turns, as nvme/fabric's HostQueue polls its
+// completion queue).
 // The leader handles every PDU that arrives — it places C2HData, answers
 // R2Ts with H2CData, completes commands and wakes their submitters — and
 // hands the role over when its own command is done, so with one command in
@@ -89,7 +90,7 @@ type HostQueue struct {
 	flushed  *sync.Cond // of wmu: broadcast when flushing ends
 	ended    bool       // a termination request is written: nothing may follow it
 
-	token chan struct{} // held by the goroutine reading the connection
+	turns turns.Turns // the goroutine reading the connection holds the role
 	cids  chan uint16
 	calls []*call // by CID
 
@@ -100,20 +101,19 @@ type HostQueue struct {
 	closed    chan struct{}
 }
 
-// call is one command slot (its CID is its index).
+// call is one command slot (its CID is its index); its wait state is
+// guarded by q.mu.
 type call struct {
-	done      chan struct{} // one signal per completion
-	finished  atomic.Bool
-	abandoned bool // under q.mu: the submitter gave up waiting
-	cmd       nvme.Command
-	in        []byte // data the controller asks for with R2T
-	out       []byte // where C2HData lands
-	own       []byte // a pooled copy of the caller's data (a submitter that may give up)
-	length    int    // the command's data transfer
-	moved     int    // bytes received (C2HData) or asked for (R2T) so far
-	local     nvme.Status
-	cqe       nvme.Completion
-	err       error
+	turns.Slot
+	cmd    nvme.Command
+	in     []byte // data the controller asks for with R2T
+	out    []byte // where C2HData lands
+	own    []byte // a pooled copy of the caller's data (a submitter that may give up)
+	length int    // the command's data transfer
+	moved  int    // bytes received (C2HData) or asked for (R2T) so far
+	local  nvme.Status
+	cqe    nvme.Completion
+	err    error
 }
 
 // Dial connects a queue to the NVMe/TCP controller at addr (host:port) and
@@ -147,7 +147,7 @@ func newHostQueue(ctx context.Context, conn net.Conn, addr string, qc QueueConfi
 		return nil, fmt.Errorf("nvme/tcp: dial queue %d at %s: digests %#x", qc.QID, addr, uint8(cfg.digests))
 	}
 	q := &HostQueue{qid: qc.QID, addr: addr, entries: qc.Entries, icd: qc.InCapsuleData, conn: conn,
-		closed: make(chan struct{}), token: make(chan struct{}, 1)}
+		closed: make(chan struct{}), turns: turns.New()}
 	if qc.QID == 0 {
 		q.icd = FabricsInCapsuleData
 	}
@@ -165,8 +165,8 @@ func newHostQueue(ctx context.Context, conn net.Conn, addr string, qc QueueConfi
 	q.calls = make([]*call, n)
 	for i := range q.calls {
 		q.cids <- uint16(i)
-		c := &call{done: make(chan struct{}, 1)}
-		c.finished.Store(true) // idle: a failing queue skips it
+		c := &call{}
+		c.Init()
 		q.calls[i] = c
 	}
 	return q, nil
@@ -264,11 +264,11 @@ func (q *HostQueue) fail(cause error, leader bool) {
 	q.mu.Unlock()
 	q.conn.Close()
 	if !leader {
-		q.token <- struct{}{}
+		q.turns.Take()
 	}
 	q.finishAll()
 	if !leader {
-		<-q.token
+		q.turns.Give()
 	}
 	q.closeOnce.Do(func() { close(q.closed) })
 }
@@ -343,8 +343,7 @@ func (q *HostQueue) Submit(ctx context.Context, cmd nvme.Command, data []byte) (
 		q.recycle(c, cid)
 		return nvme.Completion{}, err
 	}
-	c.finished.Store(false)
-	c.abandoned = false
+	c.StartLocked()
 	q.mu.Unlock()
 	q.wmu.Lock()
 	if q.ended {
@@ -355,7 +354,7 @@ func (q *HostQueue) Submit(ctx context.Context, cmd nvme.Command, data []byte) (
 			q.fail(fmt.Errorf("send: %w", err), false)
 		}
 	}
-	if err := q.wait(ctx, c); err != nil {
+	if err := q.turns.Wait(ctx, &c.Slot, &q.mu, (*leader)(q)); err != nil {
 		return nvme.Completion{}, err // abandoned: recycled when it completes
 	}
 	cqe, err := c.cqe, c.err
@@ -406,53 +405,15 @@ func (c *call) release() {
 	c.in, c.out, c.err = nil, nil, nil
 }
 
-// wait waits for c: it either is woken by the leader that completed c, or
-// becomes the leader and reads the connection itself until c is done. A
-// nil error means c finished (c.cqe/c.err hold the outcome).
-func (q *HostQueue) wait(ctx context.Context, c *call) error {
-	for {
-		select {
-		case <-c.done:
-			return nil
-		case q.token <- struct{}{}:
-			err := q.lead(ctx, c)
-			<-q.token
-			if err != nil {
-				return q.abandon(c, err)
-			}
-			<-c.done // sent by whoever finished c
-			return nil
-		case <-ctx.Done():
-			return q.abandon(c, ctx.Err())
-		}
-	}
-}
-
-// abandon gives up waiting for c; if it finished meanwhile the outcome is
-// taken after all.
-func (q *HostQueue) abandon(c *call, err error) error {
-	q.mu.Lock()
-	if c.finished.Load() {
-		q.mu.Unlock()
-		<-c.done
-		return nil
-	}
-	c.abandoned = true
-	q.mu.Unlock()
-	return err
-}
-
 // finishLocked records c's outcome and signals its waiter; an abandoned
 // call is recycled here instead. Idle calls are finished already and are
 // skipped.
 func (q *HostQueue) finishLocked(c *call, err error) {
-	if c.finished.Load() {
+	if c.Finished() {
 		return
 	}
 	c.err = err
-	c.finished.Store(true)
-	if c.abandoned {
-		c.abandoned = false
+	if c.FinishLocked() {
 		c.release()
 		for i, cc := range q.calls {
 			if cc == c {
@@ -462,7 +423,6 @@ func (q *HostQueue) finishLocked(c *call, err error) {
 		}
 		return
 	}
-	c.done <- struct{}{}
 }
 
 // hostBuffers holds the copies of submitters that may give up.

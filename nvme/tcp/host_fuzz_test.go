@@ -84,7 +84,7 @@ func FuzzHostStream(f *testing.F) {
 				errs[i] <- err
 			}()
 			// In flight (or done already) before the next: CIDs in order.
-			for q.calls[i].finished.Load() && q.Err() == nil && len(errs[i]) == 0 {
+			for q.calls[i].Finished() && q.Err() == nil && len(errs[i]) == 0 {
 				time.Sleep(10 * time.Microsecond)
 			}
 		}

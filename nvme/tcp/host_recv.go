@@ -9,15 +9,20 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/nvme"
+	"github.com/nprdma/nprdma/nvme/internal/turns"
 )
 
-// lead reads and handles the controller's PDUs until c is done or the queue
-// fails (returning nil either way: c is then finished), or until ctx ends
+// leader is the queue as it leads (turns.Leader).
+type leader HostQueue
+
+// Lead reads and handles the controller's PDUs until s is done or the queue
+// fails (returning nil either way: s is then finished), or until ctx ends
 // while the connection has no PDU started (returning ctx's error: the
-// caller gives up on c and another goroutine takes over the reading).
-func (q *HostQueue) lead(ctx context.Context, c *call) error {
+// caller gives up on s and another goroutine takes over the reading).
+func (l *leader) Lead(ctx context.Context, s *turns.Slot) error {
+	q := (*HostQueue)(l)
 	cancelable := ctx.Done() != nil && q.raw != nil
-	for !c.finished.Load() {
+	for !s.Finished() {
 		if q.Err() != nil {
 			q.finishAll()
 			continue
@@ -112,7 +117,7 @@ func (q *HostQueue) inFlight(cid uint16) *call {
 		return nil
 	}
 	c := q.calls[cid]
-	if c.finished.Load() {
+	if c.Finished() {
 		return nil
 	}
 	return c

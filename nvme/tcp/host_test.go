@@ -491,7 +491,7 @@ func TestHostCloseFailsWhatIsInFlight(t *testing.T) {
 		_, err := q.Submit(context.Background(), rw(t, false, 0, 4096), make([]byte, 4096))
 		errc <- err
 	}()
-	for q.calls[0].finished.Load() {
+	for q.calls[0].Finished() {
 		time.Sleep(time.Millisecond)
 	}
 	q.Close()
