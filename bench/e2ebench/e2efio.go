@@ -129,6 +129,33 @@ type e2eRig struct {
 // onClose registers a teardown step.
 func (r *e2eRig) onClose(f func() error) { r.closers = append(r.closers, f) }
 
+// newE2ERig starts the rig of experiment name: a scratch directory under
+// dir (default env's), removed when the rig closes, and the directory of
+// its raw outputs.
+func newE2ERig(env *bench.Env, name, dir string) (rig *e2eRig, work, rawDir string, err error) {
+	if dir == "" {
+		dir = env.ScratchDir
+	}
+	if work, err = os.MkdirTemp(dir, name+"-"); err != nil {
+		return nil, "", "", fmt.Errorf("%s: %w", name, err)
+	}
+	if rawDir, err = env.Dir(name); err != nil {
+		os.RemoveAll(work)
+		return nil, "", "", err
+	}
+	rig = &e2eRig{}
+	rig.onClose(func() error { return os.RemoveAll(work) })
+	return rig, work, rawDir, nil
+}
+
+// closeInto closes the rig at the end of experiment name; a teardown that
+// fails is the experiment's error unless it has one already.
+func (r *e2eRig) closeInto(name string, err *error) {
+	if cerr := r.close(); cerr != nil && *err == nil {
+		*err = fmt.Errorf("%s: teardown: %w", name, cerr)
+	}
+}
+
 func (r *e2eRig) close() error {
 	var errs []error
 	for i := len(r.closers) - 1; i >= 0; i-- {
@@ -156,24 +183,11 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Dir == "" {
-		cfg.Dir = env.ScratchDir
-	}
-	work, err := os.MkdirTemp(cfg.Dir, "e2e-fio-")
-	if err != nil {
-		return nil, fmt.Errorf("e2e-fio: %w", err)
-	}
-	rawDir, err := env.Dir(E2EName)
+	rig, work, rawDir, err := newE2ERig(env, E2EName, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	rig := &e2eRig{}
-	rig.onClose(func() error { return os.RemoveAll(work) })
-	defer func() {
-		if cerr := rig.close(); cerr != nil && err == nil {
-			err = fmt.Errorf("e2e-fio: teardown: %w", cerr)
-		}
-	}()
+	defer rig.closeInto(E2EName, &err)
 	log := env.Logger()
 	qd := strconv.Itoa(cfg.QD)
 

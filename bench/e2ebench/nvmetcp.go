@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -77,24 +76,11 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Dir == "" {
-		cfg.Dir = env.ScratchDir
-	}
-	work, err := os.MkdirTemp(cfg.Dir, "nvme-tcp-")
-	if err != nil {
-		return nil, fmt.Errorf("nvme-tcp: %w", err)
-	}
-	rawDir, err := env.Dir(NVMeTCPName)
+	rig, work, rawDir, err := newE2ERig(env, NVMeTCPName, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	rig := &e2eRig{}
-	rig.onClose(func() error { return os.RemoveAll(work) })
-	defer func() {
-		if cerr := rig.close(); cerr != nil && err == nil {
-			err = fmt.Errorf("nvme-tcp: teardown: %w", cerr)
-		}
-	}()
+	defer rig.closeInto(NVMeTCPName, &err)
 	log := env.Logger()
 
 	// One target serves the namespace over both transports, from the same
