@@ -268,23 +268,10 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 	// The peers: nbdkit's memory plugin filled with the same data, and its
 	// file plugin on the SSD case's file; each behind an nbd-plugin proxy on
 	// a unix socket for the two-hop chain.
-	mem, err := bench.StartNBDKit(ctx, "memory", []string{"size=" + strconv.FormatInt(cfg.ResidentSize, 10)}, bench.WithLoopbackTCP())
+	mem, memProxy, err := startMemoryPeers(ctx, rig, E2EName, resFile, cfg.ResidentSize)
 	if err != nil {
 		return nil, err
 	}
-	rig.onClose(mem.Stop)
-	nbdcopy, err := bench.FindTool("nbdcopy")
-	if err != nil {
-		return nil, err
-	}
-	if out, err := exec.CommandContext(ctx, nbdcopy, "--flush", resFile, mem.URI).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("e2e-fio: nbdcopy the data into nbdkit memory: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	memProxy, err := bench.StartNBDKitProxy(ctx, mem)
-	if err != nil {
-		return nil, err
-	}
-	rig.onClose(memProxy.Stop)
 	// cache=none: nbdkit drops what it read from the page cache, so that
 	// its SSD case reads the SSD (ours reads the backing with O_DIRECT).
 	file, err := bench.StartNBDKit(ctx, "file", []string{"file=" + ssdFile, "cache=none"}, bench.WithLoopbackTCP(), bench.WithNBDKitFlags("--readonly"))
@@ -515,6 +502,30 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		exp.Note("Not pinned: every process could run on either CPU; the placement table shows where each ran.")
 	}
 	return exp, nil
+}
+
+// startMemoryPeers starts nbdkit's memory plugin on loopback TCP, filled
+// with file's size bytes by nbdcopy (the one-hop peer), and nbdkit's nbd
+// plugin in front of it on a unix socket (the two-hop chain); the rig stops
+// both.
+func startMemoryPeers(ctx context.Context, rig *e2eRig, name, file string, size int64) (mem, proxy *bench.NBDKit, err error) {
+	mem, err = bench.StartNBDKit(ctx, "memory", []string{"size=" + strconv.FormatInt(size, 10)}, bench.WithLoopbackTCP())
+	if err != nil {
+		return nil, nil, err
+	}
+	rig.onClose(mem.Stop)
+	nbdcopy, err := bench.FindTool("nbdcopy")
+	if err != nil {
+		return nil, nil, err
+	}
+	if out, err := exec.CommandContext(ctx, nbdcopy, "--flush", file, mem.URI).CombinedOutput(); err != nil {
+		return nil, nil, fmt.Errorf("%s: nbdcopy the data into nbdkit memory: %w: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	if proxy, err = bench.StartNBDKitProxy(ctx, mem); err != nil {
+		return nil, nil, err
+	}
+	rig.onClose(proxy.Stop)
+	return mem, proxy, nil
 }
 
 // measureCases runs fio on every case once per round, in the order of

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -141,23 +140,10 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 
 	// The peers: nbdkit's memory plugin filled with the same data, alone
 	// (one hop) and behind an nbd-plugin proxy on a unix socket (two hops).
-	mem, err := bench.StartNBDKit(ctx, "memory", []string{"size=" + strconv.FormatInt(cfg.Size, 10)}, bench.WithLoopbackTCP())
+	mem, proxy, err := startMemoryPeers(ctx, rig, NVMeTCPName, file, cfg.Size)
 	if err != nil {
 		return nil, err
 	}
-	rig.onClose(mem.Stop)
-	nbdcopy, err := bench.FindTool("nbdcopy")
-	if err != nil {
-		return nil, err
-	}
-	if out, err := exec.CommandContext(ctx, nbdcopy, "--flush", file, mem.URI).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("nvme-tcp: nbdcopy the data into nbdkit memory: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	proxy, err := bench.StartNBDKitProxy(ctx, mem)
-	if err != nil {
-		return nil, err
-	}
-	rig.onClose(proxy.Stop)
 
 	const (
 		rTarget = "nprdma-target"
