@@ -1,11 +1,13 @@
-// Package initiator connects to an nprdma target and exposes its namespaces
-// as block devices (Namespace implements initiator/blockio.Backend). Reads go
-// one-sided: an RDMA READ straight out of the target's unpinned region, a
-// scan for the region's magic page, and an NVMe Read for just the pages that
-// were not resident (the NP-RDMA scheme); writes, flushes and trims are NVMe
-// commands. The controller keeps itself alive, reconnects in the background
-// when a queue is lost, and fails I/O with ErrControllerLost once the
-// controller-loss timeout has passed.
+// Package initiator connects to an nprdma target over the nprdma fabric, or
+// to any NVMe/TCP target, and exposes its namespaces as block devices
+// (Namespace implements initiator/blockio.Backend). Over the nprdma fabric
+// reads go one-sided: an RDMA READ straight out of the target's unpinned
+// region, a scan for the region's magic page, and an NVMe Read for just the
+// pages that were not resident (the NP-RDMA scheme); over NVMe/TCP every
+// read is an NVMe Read. Writes, flushes and trims are NVMe commands. The
+// controller keeps itself alive, reconnects in the background when a queue
+// is lost, and fails I/O with ErrControllerLost once the controller-loss
+// timeout has passed, over either transport (transport.go).
 //
 // docs/initiator.md and docs/np-rdma.md describe it in full.
 package initiator
@@ -172,8 +174,7 @@ type Controller struct {
 	cfg    config
 	addr   string
 	subNQN string
-	tr     Transport
-	b      binding
+	b      binding // the transport's: dials the queues
 	ctr    counters
 	prom   *promMetrics
 
@@ -264,7 +265,7 @@ func newController(t Transport, addr, subNQN string, cfg config) (*Controller, e
 	if err != nil {
 		return nil, err
 	}
-	return &Controller{cfg: cfg, addr: addr, subNQN: subNQN, tr: t, b: b,
+	return &Controller{cfg: cfg, addr: addr, subNQN: subNQN, b: b,
 		changed: make(chan struct{}), lost: make(chan struct{}), stop: make(chan struct{})}, nil
 }
 
@@ -303,9 +304,6 @@ func (c *Controller) IOQueues() int {
 	}
 	return len(c.sess.io)
 }
-
-// Transport is the transport the controller's queues run over.
-func (c *Controller) Transport() Transport { return c.tr }
 
 // connect brings a new session up: admin queue, Connect, enable, Identify,
 // Number of Queues, I/O queues. replaces is the session it takes over from
