@@ -4,7 +4,7 @@
 # what is missing.
 set -euo pipefail
 
-packages=(fio nbdkit libnbd-bin fuse3 e2fsprogs util-linux procps iproute2)
+packages=(fio nbdkit libnbd-bin fuse3 e2fsprogs util-linux mount procps iproute2)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -547,7 +547,10 @@ func (r *Request) DataBuffer(n int) ([]byte, error) {
 		return nil, nvme.Errorf(nvme.StatusDataSGLLengthInvalid.WithDNR(), "transfer of %d bytes outside [1, %d]", n, q.l.cfg.maxTransfer)
 	}
 	if r.data != nil {
-		if r.awaiting {
+		q.mu.Lock()
+		awaiting := r.awaiting
+		q.mu.Unlock()
+		if awaiting {
 			return nil, fmt.Errorf("nvme/tcp: command %d: data buffer while host data is awaited", r.Cmd.CID)
 		}
 		q.l.pool.put(r.data)
