@@ -19,12 +19,11 @@ import (
 // Completions are read without a goroutine of the queue's own: the
 // goroutines waiting for their commands take turns reading the connection
 // (leader/follower, package turns, as nvme/fabric's HostQueue polls its
-// completion queue).
-// The leader handles every PDU that arrives — it places C2HData, answers
-// R2Ts with H2CData, completes commands and wakes their submitters — and
-// hands the role over when its own command is done, so with one command in
-// flight its submitter is woken by the network poller directly and no
-// hand-off between goroutines sits on the path. Capsules go out through a
+// completion queue). The leader handles every PDU that arrives — it places
+// C2HData, answers R2Ts with H2CData, completes commands and wakes their
+// submitters — and hands the role over when its own command is done, so
+// with one command in flight its submitter is woken by the network poller
+// directly and no hand-off between goroutines sits on the path. Capsules go out through a
 // combining writer: a submitter that finds another one writing leaves its
 // PDU in the batch that one writes next, so that under load one writev
 // carries many capsules.
@@ -34,8 +33,8 @@ const (
 	// MaxTransfer is the largest data transfer of one command the host
 	// sends or receives.
 	MaxTransfer = 1 << 20
-	// DefaultHostStallTimeout bounds how long a PDU from the controller may take
-	// to arrive once its first byte has (WithHostStallTimeout).
+	// DefaultHostStallTimeout bounds how long a PDU from the controller may
+	// take to arrive once its first byte has (WithHostStallTimeout).
 	DefaultHostStallTimeout = 10 * time.Second
 )
 
@@ -66,8 +65,8 @@ type dialConfig struct {
 // fails.
 func WithDigests(d Digests) DialOption { return func(c *dialConfig) { c.digests = d } }
 
-// WithHostStallTimeout bounds how long a PDU from the controller may take to
-// arrive once its first byte has (default DefaultHostStallTimeout; 0: no
+// WithHostStallTimeout bounds how long a PDU from the controller may take
+// to arrive once its first byte has (default DefaultHostStallTimeout; 0: no
 // bound). An idle connection is never timed out: noticing a silent
 // controller is the keep-alive's job.
 func WithHostStallTimeout(d time.Duration) DialOption { return func(c *dialConfig) { c.stall = d } }
@@ -106,12 +105,12 @@ type HostQueue struct {
 type call struct {
 	turns.Slot
 	cmd    nvme.Command
-	in     []byte // data the controller asks for with R2T
-	out    []byte // where C2HData lands
-	own    []byte // a pooled copy of the caller's data (a submitter that may give up)
-	length int    // the command's data transfer
-	moved  int    // bytes received (C2HData) or asked for (R2T) so far
-	local  nvme.Status
+	in     []byte      // data the controller asks for with R2T
+	out    []byte      // where C2HData lands
+	own    []byte      // a pooled copy of the caller's data (a submitter that may give up)
+	length int         // the command's data transfer
+	moved  int         // bytes received (C2HData) or asked for (R2T) so far
+	local  nvme.Status // a failure seen here (a data digest): the command's status whatever the completion says
 	cqe    nvme.Completion
 	err    error
 }
@@ -180,34 +179,35 @@ func (q *HostQueue) initialize(ctx context.Context, want Digests) error {
 		q.conn.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { q.conn.SetDeadline(time.Unix(1, 0)) })
-	defer func() {
-		if stop() {
-			q.conn.SetDeadline(time.Time{})
-		}
-	}()
-	fail := func(err error) error {
-		if cerr := ctx.Err(); cerr != nil {
-			return fmt.Errorf("initialize connection: %w", cerr)
-		}
+	err := q.exchange(want)
+	if !stop() { // ctx ended: the connection's deadline is past, whatever the exchange did
+		return fmt.Errorf("initialize connection: %w", ctx.Err())
+	}
+	q.conn.SetDeadline(time.Time{})
+	if err != nil {
 		return fmt.Errorf("initialize connection: %w", err)
 	}
+	return nil
+}
+
+func (q *HostQueue) exchange(want Digests) error {
 	q.w.ICReq(&ICReq{PFV: PFV10, HPDA: 0, Digests: want, MAXR2T: 0})
 	if err := q.w.Flush(); err != nil {
-		return fail(err)
+		return err
 	}
 	h, err := q.rd.Next()
 	if err != nil {
-		return fail(q.terminate(err))
+		return q.terminate(err)
 	}
 	if h.Type == TypeC2HTermReq {
-		return fail(q.termReceived(h))
+		return q.termReceived(h)
 	}
 	var resp ICResp
 	if err := resp.Unmarshal(h.Bytes()); err != nil {
-		return fail(err)
+		return err
 	}
 	if err := resp.Check(h.Bytes(), want); err != nil {
-		return fail(q.terminate(err))
+		return q.terminate(err)
 	}
 	q.digests, q.maxH2C = want, int(resp.MAXH2CDATA)
 	q.rd.Negotiated(want, 0, Limits{MaxC2HData: MaxTransfer})
