@@ -28,8 +28,9 @@ const (
 // a file on 127.0.0.1:4420; nprdma-initiator --transport tcp discovers it
 // (nvmet answers the discovery NQN on its I/O port) and attaches it in NBD
 // socket mode, without digests and then with header and data digests; fio's
-// nbd engine writes a region at random and verifies it (crc32c) through
-// each attachment, and each detach (SIGTERM) flushes and exits 0.
+// nbd engine writes a region at random, 4–128 KiB at a time (in the capsule
+// and after R2T; reads in one or several C2HData), and verifies it (crc32c)
+// through each attachment, and each detach (SIGTERM) flushes and exits 0.
 func TestGuestAttachKernelTarget(t *testing.T) {
 	lab.Require(t)
 	if _, err := exec.LookPath("fio"); err != nil {
@@ -62,7 +63,7 @@ for mode in plain digests; do
 	done
 	[ -S "$sock" ]
 	step "fio verify ($mode)"
-	fio --name=verify --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --rw=randwrite --bs=4k --iodepth=16 \
+	fio --name=verify --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --rw=randwrite --bsrange=4k-128k --iodepth=16 \
 		--offset="$off" --size="$REGION" --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
 		--output-format=json >"$LAB_OUT/fio-$mode.json"
 	step "detach ($mode)"
