@@ -22,8 +22,9 @@ const (
 )
 
 // ErrQueueFailed is wrapped by the errors of operations on a queue whose
-// queue pair failed or that was closed (with the queue pair's reason).
-var ErrQueueFailed = errors.New("nvme fabric: queue failed")
+// queue pair failed or that was closed (with the queue pair's reason): it is
+// nvme.ErrQueueFailed, shared by every transport binding.
+var ErrQueueFailed = nvme.ErrQueueFailed
 
 // Handler receives the commands of a queue. It is called on the queue's
 // receive loop, one command at a time, and must not block: anything that

@@ -268,25 +268,27 @@ func readerSeeds() []readerSeed {
 	}
 }
 
-// TestWriteFuzzSeeds writes the seed corpus in the "go test fuzz v1" format
-// when NPRDMA_WRITE_FUZZ_SEEDS=1; otherwise it checks that it is committed.
+// TestWriteFuzzSeeds writes the seed corpora (FuzzReader's, and the host's
+// FuzzHostStream's) in the "go test fuzz v1" format when
+// NPRDMA_WRITE_FUZZ_SEEDS=1; otherwise it checks that they are committed.
 func TestWriteFuzzSeeds(t *testing.T) {
-	seeds := readerSeeds()
-	dir := filepath.Join("testdata", "fuzz", "FuzzReader")
-	if os.Getenv("NPRDMA_WRITE_FUZZ_SEEDS") != "1" {
-		files, err := os.ReadDir(dir)
-		if err != nil || len(files) < len(seeds) {
-			t.Fatalf("%s: %d committed seeds, want %d (%v); run with NPRDMA_WRITE_FUZZ_SEEDS=1", dir, len(files), len(seeds), err)
+	for name, seeds := range map[string][]readerSeed{"FuzzReader": readerSeeds(), "FuzzHostStream": hostStreamSeeds()} {
+		dir := filepath.Join("testdata", "fuzz", name)
+		if os.Getenv("NPRDMA_WRITE_FUZZ_SEEDS") != "1" {
+			files, err := os.ReadDir(dir)
+			if err != nil || len(files) < len(seeds) {
+				t.Fatalf("%s: %d committed seeds, want %d (%v); run with NPRDMA_WRITE_FUZZ_SEEDS=1", dir, len(files), len(seeds), err)
+			}
+			continue
 		}
-		return
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for i, s := range seeds {
-		b := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\nbyte(%q)\n", s.stream, rune(s.mode))
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%02d", i)), []byte(b), 0o644); err != nil {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
+		}
+		for i, s := range seeds {
+			b := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\nbyte(%q)\n", s.stream, rune(s.mode))
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%02d", i)), []byte(b), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }
