@@ -81,15 +81,15 @@ func (t *Target) beginStop() bool {
 // drain context it waits for the commands executing until that is done;
 // graceful says whether a clean shutdown may be recorded after serving.
 func (t *Target) stop(rep *stopReport, drain context.Context, graceful bool) {
-	rep.setStep("closing the listener")
+	rep.setStep("closing the listeners")
 	t.mu.Lock()
-	lns := t.lns
+	ports := t.ports
 	t.mu.Unlock()
-	for _, ln := range lns {
-		ln.Close()
+	for _, p := range ports {
+		p.ln.Close()
 	}
-	if len(lns) > 0 {
-		t.acceptCtx()
+	if t.stopAccept != nil {
+		t.stopAccept()
 		t.acceptWG.Wait()
 	}
 	if drain != nil {
@@ -116,8 +116,10 @@ func (t *Target) stop(rep *stopReport, drain context.Context, graceful bool) {
 		qc.q.Wait()
 	}
 	t.retiring.Wait()
-	for _, ln := range lns {
-		ln.ClosePool()
+	for _, p := range ports {
+		if p.release != nil {
+			p.release()
+		}
 	}
 	t.pool.Close()
 	if t.pins != nil {

@@ -92,14 +92,6 @@ func processCPU(pid int) (time.Duration, error) {
 	return sum, nil
 }
 
-// median is the median of xs (the lower one of an even count).
-func median(xs []float64) float64 {
-	if i := bench.MedianIndex(xs); i >= 0 {
-		return xs[i]
-	}
-	return 0
-}
-
 // MeasureSHM runs the experiment with cfg.
 func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConfig) (exp *bench.Experiment, err error) {
 	if cfg.Rounds < 1 || cfg.QD < 2 || cfg.Runtime <= 0 || cfg.Samples < 10 {
@@ -108,15 +100,15 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	if _, err := env.Tools.Require(ctx, "fio", "nbdkit", "nbdcopy"); err != nil {
 		return nil, err
 	}
-	tgtBin, iniBin, work, rawDir, rig, err := newRig(ctx, env, bins, SHMName, cfg.Dir)
+	tgtBin, iniBin, err := bins.Resolve(ctx, env)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if cerr := rig.close(); cerr != nil && err == nil {
-			err = fmt.Errorf("shm: teardown: %w", cerr)
-		}
-	}()
+	rig, work, rawDir, err := newE2ERig(env, SHMName, cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer rig.closeInto(SHMName, &err)
 	log := env.Logger()
 
 	// The target: the resident file, on TCP and on a unix socket.
@@ -178,13 +170,9 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 		}
 	}
 	// The peer: nbdkit's memory plugin with the same data, one hop over TCP.
-	mem, err := bench.StartNBDKit(ctx, "memory", []string{"size=" + strconv.FormatInt(cfg.ResidentSize, 10)}, bench.WithLoopbackTCP())
+	mem, err := startMemoryPeer(ctx, rig, SHMName, resFile, cfg.ResidentSize)
 	if err != nil {
 		return nil, err
-	}
-	rig.onClose(mem.Stop)
-	if out, err := exec.CommandContext(ctx, nbdcopy, "--flush", resFile, mem.URI).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("shm: nbdcopy the data into nbdkit memory: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 
 	// The in-process part: a shareable region read in place, its slow path.

@@ -189,3 +189,32 @@ func TestSHMSmoke(t *testing.T) {
 		t.Errorf("target CPU per read: shm %v µs, tcp %v µs", cpu.Value, cpu.BaselineValue)
 	}
 }
+
+// TestNVMeTCPSmoke runs the nvme-tcp experiment at toy sizes (NPRDMA_LONG=1,
+// like the e2e-fio smoke test: it starts five processes and checks the
+// data through both attachments).
+func TestNVMeTCPSmoke(t *testing.T) {
+	if os.Getenv("NPRDMA_LONG") == "" {
+		t.Skip("NPRDMA_LONG=1 runs the nvme-tcp smoke test")
+	}
+	for _, tool := range []string{"fio", "nbdkit", "nbdcopy"} {
+		if _, err := bench.FindTool(tool); err != nil {
+			t.Skipf("%s not installed: %v", tool, err)
+		}
+	}
+	env, bins := smokeEnv(t)
+	cfg := NVMeTCPConfig{Size: 32 << 20, Runtime: 300 * time.Millisecond, Ramp: 100 * time.Millisecond, Rounds: 2, QD: 8}
+	exp, err := MeasureNVMeTCP(context.Background(), env, bins, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"NVMe/TCP QD1 p50 vs two-hop", "NVMe/TCP QD8 IOPS vs two-hop", "NVMe/TCP QD1 p50 vs the nprdma fabric",
+		"NVMe/TCP QD8 IOPS vs one-hop", "nprdma fabric QD8 IOPS vs two-hop"} {
+		if f := figure(t, exp, name); f.Value <= 0 || f.BaselineValue <= 0 {
+			t.Errorf("%s: %+v", name, f)
+		}
+	}
+	if f := figure(t, exp, "NVMe/TCP QD1 p50 vs two-hop"); f.Goal == nil {
+		t.Errorf("the QD1 figure carries no goal: %+v", f)
+	}
+}

@@ -26,8 +26,10 @@ type targetConfig struct {
 	dataDir string
 	listen  string   // default 127.0.0.1:0
 	also    []string // more --listen addresses (unix:PATH: shared memory)
-	pin     bool
-	cpus    []int
+	// listenNVMeTCP also serves NVMe/TCP there ("": not served).
+	listenNVMeTCP string
+	pin           bool
+	cpus          []int
 }
 
 func (c targetConfig) argv() []string {
@@ -43,14 +45,18 @@ func (c targetConfig) argv() []string {
 	if c.pin {
 		argv = append(argv, "--pin")
 	}
+	if c.listenNVMeTCP != "" {
+		argv = append(argv, "--listen-nvme-tcp", c.listenNVMeTCP)
+	}
 	return argv
 }
 
 // targetProc is a running nprdma-target.
 type targetProc struct {
 	*child
-	addr   string // where hosts connect
-	banner string // the "serving ..." line
+	addr    string // where hosts connect
+	tcpAddr string // the NVMe/TCP port's ("" when not served)
+	banner  string // the "serving ..." line
 }
 
 // startTarget starts the target and waits for its "connect with" line.
@@ -67,6 +73,14 @@ func startTarget(ctx context.Context, c targetConfig, timeout time.Duration) (*t
 	}
 	p.addr, _ = banner.Addr(l)
 	p.banner, _ = ch.waitLine(ctx, time.Second, banner.IsServing)
+	if c.listenNVMeTCP != "" {
+		l, err := ch.waitLine(ctx, timeout, func(l string) bool { _, ok := banner.NVMeTCPAddr(l); return ok })
+		if err != nil {
+			ch.stop(syscall.SIGKILL, time.Second)
+			return nil, err
+		}
+		p.tcpAddr, _ = banner.NVMeTCPAddr(l)
+	}
 	return p, nil
 }
 

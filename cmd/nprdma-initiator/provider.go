@@ -17,11 +17,12 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
-// The provider a command reaches the target with (--provider): tcp, shm,
-// loop, or auto, which is shm for an address "unix:PATH" and tcp for the
-// rest. attach goes further with auto: for a target on this host that
-// advertises a shared-memory listener for the subsystem in its discovery
-// log, it attaches over shm (see chooseFabric).
+// The provider a command reaches the target with over the nprdma fabric
+// (--transport nprdma, --provider): tcp, shm, loop, or auto, which is shm
+// for an address "unix:PATH" and tcp for the rest. attach goes further
+// with auto: for a target on this host that advertises a shared-memory
+// listener for the subsystem in its discovery log, it attaches over shm
+// (see chooseTransport). NVMe/TCP (--transport tcp) has no provider.
 const (
 	providerAuto = "auto"
 	providerTCP  = "tcp"
@@ -30,19 +31,25 @@ const (
 )
 
 func providerFlag() cli.Flag {
-	return &cli.StringFlag{Name: "provider", Value: providerAuto, Usage: "nprdma provider: auto (attach: shm when the target is on this host and offers it, else tcp; " +
+	return &cli.StringFlag{Name: "provider", Value: providerAuto, Usage: "nprdma provider, only with --transport nprdma: auto (attach: shm when the target is on this host and offers it, else tcp; " +
 		"other commands: shm for unix:PATH addresses, else tcp), tcp (software RDMA over TCP), shm (shared memory, same host) or loop (in-process; for tests only)"}
+}
+
+// providerFor is the provider name means for addr: auto is shm for an
+// address "unix:PATH", tcp for the rest.
+func providerFor(name, addr string) string {
+	if name != providerAuto {
+		return name
+	}
+	if strings.HasPrefix(addr, shm.Scheme) {
+		return providerSHM
+	}
+	return providerTCP
 }
 
 // newProvider returns the provider called name; auto picks by addr.
 func newProvider(name, addr string) (nprdma.Provider, error) {
-	if name == providerAuto {
-		name = providerTCP
-		if strings.HasPrefix(addr, shm.Scheme) {
-			name = providerSHM
-		}
-	}
-	switch name {
+	switch providerFor(name, addr) {
 	case providerTCP:
 		return tcp.New(), nil
 	case providerSHM:
@@ -70,38 +77,45 @@ func openDevice(p nprdma.Provider) *nprdma.Device {
 	return nprdma.NewDevice(p, nprdma.WithName("initiator"), nprdma.WithPinning(false))
 }
 
-// fabricChoice is how attach reaches the target: the device and the
-// address, and why (said to the user).
-type fabricChoice struct {
-	dev    *nprdma.Device
-	addr   string
-	reason string
+// transportChoice is how attach reaches the target: the transport, what
+// releases it, the address, and why (said to the user).
+type transportChoice struct {
+	tr      initiator.Transport
+	release func()
+	addr    string
+	reason  string
 }
 
-// chooseFabric picks the provider for attach. An explicit --provider is
-// used as given, except shm, which needs the target's shared-memory
+// overFabric is the choice of the nprdma fabric on dev.
+func overFabric(dev *nprdma.Device, addr, reason string) transportChoice {
+	return transportChoice{tr: initiator.NPRDMA(dev), release: func() { dev.Close() }, addr: addr, reason: reason}
+}
+
+// chooseTransport picks the transport and, over the nprdma fabric, the
+// provider for attach. NVMe/TCP, and an explicit --provider, are used as
+// given, except --provider shm, which needs the target's shared-memory
 // address: from addr if it is one, else from its discovery log. With auto,
 // a target on this host (its address is one of this host's) that
 // advertises a shared-memory listener for nqn, whose socket exists here, is
 // attached over shm; anything else over tcp, with the reason.
-func chooseFabric(ctx context.Context, cc *cli.Context, addr, nqn string, opts []initiator.Option) (fabricChoice, error) {
+func chooseTransport(ctx context.Context, cc *cli.Context, addr, nqn string, opts []initiator.Option) (transportChoice, error) {
 	name := cc.String("provider")
-	if strings.HasPrefix(addr, shm.Scheme) || (name != providerAuto && name != providerSHM) {
-		p, err := newProvider(name, addr)
-		if err != nil {
-			return fabricChoice{}, err
-		}
-		return fabricChoice{dev: openDevice(p), addr: addr}, nil
+	if cc.String("transport") != "nprdma" || strings.HasPrefix(addr, shm.Scheme) || (name != providerAuto && name != providerSHM) {
+		tr, release, err := newTransport(cc, addr)
+		return transportChoice{tr: tr, release: release, addr: addr}, err
+	}
+	if err := checkTransportFlags(cc); err != nil {
+		return transportChoice{}, err
 	}
 	shmAddr, why := sharedMemoryAddr(ctx, addr, nqn, opts)
 	if shmAddr == "" {
 		if name == providerSHM {
-			return fabricChoice{}, fmt.Errorf("--provider shm: %s", why)
+			return transportChoice{}, fmt.Errorf("--provider shm: %s", why)
 		}
-		return fabricChoice{dev: openDevice(tcp.New()), addr: addr, reason: "provider tcp: " + why}, nil
+		return overFabric(openDevice(tcp.New()), addr, "provider tcp: "+why), nil
 	}
-	return fabricChoice{dev: openDevice(shm.New()), addr: shmAddr,
-		reason: fmt.Sprintf("provider shm: the target is on this host and serves %s over shared memory at %s (reads run in place, without the target's CPU); --provider tcp to avoid it", nqn, shmAddr)}, nil
+	return overFabric(openDevice(shm.New()), shmAddr,
+		fmt.Sprintf("provider shm: the target is on this host and serves %s over shared memory at %s (reads run in place, without the target's CPU); --provider tcp to avoid it", nqn, shmAddr)), nil
 }
 
 // sharedMemoryAddr finds the shared-memory address the target at addr

@@ -113,6 +113,8 @@ func serve(cc *cli.Context) error {
 	}
 
 	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.StringSlice("listen")...),
+		target.WithListenNVMeTCP(cc.String("listen-nvme-tcp")),
+		target.WithListenNVMeTCPDiscovery(cc.String("listen-nvme-tcp-discovery")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
 		target.WithQueueDepth(cc.Int("queue-depth"))}
 	opts = append(opts, lims.options()...)
@@ -236,6 +238,9 @@ func serve(cc *cli.Context) error {
 		mode = "PINNED baseline (" + formatSize(memory) + " pinned at start)"
 	}
 	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), providerSummary(prov.Name(), tg.Addrs()), tg.Addr(), mode, tg.PreviousRun().String()))
+	if a := tg.NVMeTCPAddr(); a != "" {
+		fmt.Fprint(os.Stderr, banner.NVMeTCPLine(a, tg.NVMeTCPDiscoveryAddr()))
+	}
 
 	<-ctx.Done()
 	// Keep catching SIGTERM and SIGINT until the flush is done: a second one
