@@ -7,7 +7,7 @@ BIN       := bin
 RACE_PKGS  := ./blockdev/... ./swap/... ./nprdma/... ./nvme/... ./target/... ./initiator/... ./integration/... ./internal/... ./lab/... ./csi/...
 # Packages with allocation tests (TestHotPathAllocations, TestSlowPathAllocatesNothing,
 # TestCommandPathAllocations).
-ALLOC_PKGS := ./nprdma/tcp ./integration/np/npread ./target
+ALLOC_PKGS := ./nprdma/tcp ./nprdma/shm ./integration/np/npread ./target
 # The rest: benchmark code (its own quick tests), the CLIs and the manifests.
 OTHER_PKGS := ./bench/... ./cmd/... ./deploy/...
 # Short fuzz runs in `make test`; `make fuzz FUZZTIME=10m` for a long run.

@@ -440,6 +440,9 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		maxSize = DefaultMaxSize(size)
 	}
 	opts := []swap.Option{swap.WithSize(size), swap.WithMaxSize(max(maxSize, size)), swap.WithLogger(t.log)}
+	if t.cfg.sharesMemory() {
+		opts = append(opts, swap.WithShareable())
+	}
 	if cfg.Budget > 0 {
 		opts = append(opts, swap.WithBudget(cfg.Budget))
 	}

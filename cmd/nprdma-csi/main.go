@@ -46,7 +46,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "run-dir", Value: "/run/nprdma", Usage: "nprdma-initiator's run directory: attachment records, FUSE mount points, logs (node)"},
 			&cli.StringFlag{Name: "host-nqn", Usage: "this node's host NQN, its node ID (node; default: what nprdma-initiator hostnqn says, from --hostid-file)"},
 			&cli.StringFlag{Name: "hostid-file", Usage: "nprdma-initiator's --hostid-file: keep it on the node's disk (a hostPath), so the node keeps its NQN (node)"},
-			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider of the attachments (node)"},
+			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider of the attachments (node), nprdma-initiator's --provider: tcp, auto (shm where the target is on this node and its socket is visible here) or shm"},
 			&cli.StringFlag{Name: "name", Value: csi.DefaultName, Usage: "the driver's name (the StorageClass's provisioner)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn, error"},
 		},

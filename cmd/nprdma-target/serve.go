@@ -20,6 +20,7 @@ import (
 	"github.com/nprdma/nprdma/internal/banner"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
@@ -123,7 +124,9 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.String("listen")),
+	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.StringSlice("listen")...),
+		target.WithListenNVMeTCP(cc.String("listen-nvme-tcp")),
+		target.WithListenNVMeTCPDiscovery(cc.String("listen-nvme-tcp-discovery")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
 		target.WithQueueDepth(cc.Int("queue-depth")), target.WithBackingOpener(openBacking),
 		target.WithVolumeDir(mgmt.volumeDir)}
@@ -278,7 +281,10 @@ func serve(cc *cli.Context) error {
 	if cc.Bool("pin") {
 		mode = "PINNED baseline (" + sizes.Format(memory) + " pinned at start)"
 	}
-	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), prov.Name(), tg.Addr(), mode, tg.PreviousRun().String()))
+	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), providerSummary(prov.Name(), tg.Addrs()), tg.Addr(), mode, tg.PreviousRun().String()))
+	if a := tg.NVMeTCPAddr(); a != "" {
+		fmt.Fprint(os.Stderr, banner.NVMeTCPLine(a, tg.NVMeTCPDiscoveryAddr()))
+	}
 
 	<-ctx.Done()
 	// Keep catching SIGTERM and SIGINT until the flush is done: a second one
@@ -388,6 +394,26 @@ func newLogger(level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// providerSummary names the provider for the banner, with the listeners
+// that take other providers (shm, for initiators on this host).
+func providerSummary(name string, addrs []string) string {
+	var others []string
+	for _, a := range addrs[min(1, len(addrs)):] {
+		if strings.HasPrefix(a, shm.Scheme) {
+			others = append(others, "shm on "+a)
+		} else {
+			others = append(others, "also on "+a)
+		}
+	}
+	if len(addrs) > 0 && strings.HasPrefix(addrs[0], shm.Scheme) {
+		name = "shm"
+	}
+	if len(others) == 0 {
+		return name
+	}
+	return name + " (" + strings.Join(others, ", ") + ")"
 }
 
 func newProvider(name string) (nprdma.Provider, error) {

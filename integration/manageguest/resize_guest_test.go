@@ -1,9 +1,3 @@
-// The constraint keeps this file out of builds, vet and go mod tidy until
-// the NVMe/TCP port of nprdma-target (--listen-nvme-tcp) is in the module:
-// delete it then.
-
-//go:build ignore
-
 package manageguest
 
 import (
