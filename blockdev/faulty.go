@@ -84,7 +84,7 @@ func (r *faultRule) String() string {
 type FaultyOption func(*Faulty)
 
 // WithLatency adds d before every operation of the kinds in ops, as
-// SetLatency does.
+// SetLatency does (default: no latency added).
 func WithLatency(ops Op, d time.Duration) FaultyOption {
 	return func(f *Faulty) { f.SetLatency(ops, d) }
 }

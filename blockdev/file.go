@@ -91,10 +91,12 @@ type options struct {
 // Option configures Open.
 type Option func(*options)
 
-// WithReadOnly opens the device read-only; writes fail with ErrReadOnly.
+// WithReadOnly opens the device read-only (default: read-write); writes fail
+// with ErrReadOnly.
 func WithReadOnly() Option { return func(o *options) { o.readOnly = true } }
 
-// WithoutDirectIO opens the device through the page cache (tests, tmpfs).
+// WithoutDirectIO opens the device through the page cache (tests, tmpfs;
+// by default it is opened with O_DIRECT).
 func WithoutDirectIO() Option { return func(o *options) { o.noDirect = true } }
 
 // WithoutExclusive lets a writable block device or file be opened while
@@ -106,7 +108,7 @@ func WithoutDirectIO() Option { return func(o *options) { o.noDirect = true } }
 func WithoutExclusive() Option { return func(o *options) { o.notExclusive = true } }
 
 // WithMinSize makes Open fail with ErrTooSmall if the device holds fewer than
-// n bytes.
+// n bytes (default 0: any size).
 func WithMinSize(n int64) Option { return func(o *options) { o.minSize = n } }
 
 // WithMaxInflight bounds the number of concurrent system calls (default 64).
@@ -117,7 +119,7 @@ func WithMaxInflight(n int) Option { return func(o *options) { o.maxInflight = n
 // kernel offers one (pread and pwrite otherwise, with a warning): the
 // caller's goroutine parks while the kernel works, so many goroutines keep
 // many operations in flight even with few Ps. FUA writes, flushes and
-// discards stay system calls.
+// discards stay system calls. Default off: pread and pwrite.
 func WithIOUring() Option { return func(o *options) { o.uring = true } }
 
 // WithLogger sets where Open reports fallbacks (default slog.Default()).

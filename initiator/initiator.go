@@ -83,7 +83,8 @@ type config struct {
 // WithStateFile).
 func WithHostNQN(nqn string) Option { return func(c *config) { c.hostNQN = nqn } }
 
-// WithHostID sets the 128-bit host identifier sent in Connect.
+// WithHostID sets the 128-bit host identifier sent in Connect (default: the
+// one in the state file, see WithStateFile).
 func WithHostID(id nvme.UUID) Option { return func(c *config) { c.hostID = id } }
 
 // WithStateFile names the file holding the host ID (created on first use;
@@ -106,14 +107,15 @@ func WithKeepAlive(d time.Duration) Option { return func(c *config) { c.kato = d
 func WithControllerLossTimeout(d time.Duration) Option { return func(c *config) { c.lossTimeout = d } }
 
 // WithReconnectDelay sets the first delay between reconnect attempts (it
-// doubles up to 2 s).
+// doubles up to 2 s; default DefaultReconnectDelay).
 func WithReconnectDelay(d time.Duration) Option { return func(c *config) { c.reconnectDelay = d } }
 
 // WithQPTimeout sets the queue pairs' peer-silence timeout (default
 // nprdma's 10 s): how long a silent target takes to be noticed.
 func WithQPTimeout(d time.Duration) Option { return func(c *config) { c.qpTimeout = d } }
 
-// WithBusyPoll makes waiters spin up to d for completions before parking.
+// WithBusyPoll makes waiters spin up to d for completions before parking
+// (default 0: park at once; spinning pays only with a spare CPU).
 func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }
 
 // WithOneSidedReads enables (default) or disables one-sided reads; without
@@ -124,7 +126,7 @@ func WithOneSidedReads(on bool) Option { return func(c *config) { c.oneSided = o
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
 
 // WithMetrics registers the controller's metrics (nprdma_initiator_*) on
-// reg.
+// reg (default: none registered).
 func WithMetrics(reg prometheus.Registerer) Option { return func(c *config) { c.reg = reg } }
 
 func newConfig(opts []Option) (config, error) {

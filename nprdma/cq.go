@@ -96,9 +96,9 @@ func (cq *CQ) setSoloLocked() {
 // CQOption configures a CQ.
 type CQOption func(*CQ)
 
-// WithBusyPoll makes Wait spin for up to d before parking the goroutine.
-// Spinning trades a CPU for latency: waking a parked goroutine costs tens of
-// microseconds when it has to wake another CPU.
+// WithBusyPoll makes Wait spin for up to d before parking the goroutine
+// (default 0: park at once). Spinning trades a CPU for latency: waking a
+// parked goroutine costs tens of microseconds when it has to wake another CPU.
 func WithBusyPoll(d time.Duration) CQOption { return func(cq *CQ) { cq.busyPoll = d } }
 
 // NewCQ creates a completion queue holding up to depth completions (at least

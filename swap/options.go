@@ -110,11 +110,11 @@ func WithFreeMargin(pages int) Option { return func(c *config) { c.freeMargin = 
 func WithWritebackWorkers(n int) Option { return func(c *config) { c.writebackWorkers = n } }
 
 // WithObserver receives fault, eviction, writeback and reclaim events (see
-// NewPrometheusObserver).
+// NewPrometheusObserver; default: none).
 func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
 
-// WithoutUserfaultfd leaves the raw view unprotected: absent pages read as
-// zeros through Bytes. For tests and benchmarks that use only the explicit API
+// WithoutUserfaultfd leaves the raw view unprotected (by default it is
+// registered with userfaultfd): absent pages read as zeros through Bytes. For tests and benchmarks that use only the explicit API
 // (and devices without a file descriptor).
 func WithoutUserfaultfd() Option { return func(c *config) { c.uffd = false } }
 

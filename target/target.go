@@ -110,7 +110,8 @@ func WithListenNVMeTCPDiscovery(addr string) Option {
 func WithDataDir(dir string) Option { return func(c *config) { c.dataDir = dir } }
 
 // WithMetrics registers the target's metrics (nprdma_target_*, the swap
-// observers' nprdma_swap_* and the fabric's nprdma_fabric_*) on reg.
+// observers' nprdma_swap_* and the fabric's nprdma_fabric_*) on reg
+// (default: none registered).
 func WithMetrics(reg prometheus.Registerer) Option { return func(c *config) { c.reg = reg } }
 
 // WithLogger sets where the target logs (default slog.Default()).
@@ -121,10 +122,12 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
 // timeout is torn down.
 func WithKeepAliveTimeout(max time.Duration) Option { return func(c *config) { c.maxKATO = max } }
 
-// WithMaxControllers bounds the controllers alive at once.
+// WithMaxControllers bounds the controllers alive at once (default
+// DefaultMaxControllers).
 func WithMaxControllers(n int) Option { return func(c *config) { c.maxControllers = n } }
 
-// WithMaxIOQueues bounds the I/O queues of one controller.
+// WithMaxIOQueues bounds the I/O queues of one controller (default
+// DefaultMaxIOQueues).
 func WithMaxIOQueues(n int) Option { return func(c *config) { c.maxIOQueues = n } }
 
 // WithMaxConnections bounds the queues (queue pairs) of all hosts together,
@@ -138,11 +141,12 @@ func WithMaxConnections(n int) Option { return func(c *config) { c.maxConnection
 // DefaultMaxNamespaces); AddNamespace refuses more.
 func WithMaxNamespaces(n int) Option { return func(c *config) { c.maxNamespaces = n } }
 
-// WithQueueDepth bounds the entries of an I/O queue (CAP.MQES+1).
+// WithQueueDepth bounds the entries of an I/O queue (CAP.MQES+1; default
+// DefaultQueueDepth, at least 2, at most 4096).
 func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } }
 
-// WithMaxTransfer sets the largest transfer of one command (MDTS), at most
-// fabric.MaxTransfer.
+// WithMaxTransfer sets the largest transfer of one command (MDTS; default
+// DefaultMaxTransferBytes, which is fabric.MaxTransfer, the most it may be).
 func WithMaxTransfer(n int) Option { return func(c *config) { c.maxTransfer = n } }
 
 // WithPinnedBudget selects the pinned baseline, a conventional RDMA target
@@ -158,7 +162,8 @@ func WithPinnedBudget(budget int64) Option { return func(c *config) { c.pinnedBu
 
 // WithBusyPoll makes every queue's receive loop spin up to d for the next
 // command before parking: it saves the wake-up of the loop per command (tens
-// of microseconds across vCPUs here) and costs a CPU while commands flow.
+// of microseconds across vCPUs here) and costs a CPU while commands flow
+// (default 0: park at once).
 func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }
 
 // WithFenceTimeout sets how long a host's write, write-zeroes or
@@ -175,7 +180,8 @@ func WithFenceTimeout(d time.Duration) Option { return func(c *config) { c.fence
 // write still probes first). Without a data directory it does nothing.
 func WithMetadataProbeInterval(d time.Duration) Option { return func(c *config) { c.metaProbe = d } }
 
-// WithQPTimeout sets the queue pairs' peer-silence timeout.
+// WithQPTimeout sets the queue pairs' peer-silence timeout (default
+// nprdma.DefaultTimeout, 10 s): how long a silent host takes to be noticed.
 func WithQPTimeout(d time.Duration) Option { return func(c *config) { c.qpTimeout = d } }
 
 // Target serves subsystems over the nprdma fabric.

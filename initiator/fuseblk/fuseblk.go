@@ -50,8 +50,9 @@ func WithMountDir(dir string) Option { return func(c *config) { c.mountDir = dir
 // WithFileName names the file inside the mount (default "disk").
 func WithFileName(name string) Option { return func(c *config) { c.fileName = name } }
 
-// WithoutLoop serves only the FUSE file, with no loop device. It works
-// without root where fusermount3 is installed.
+// WithoutLoop serves only the FUSE file, with no loop device (by default a
+// loop device is bound to it). It works without root where fusermount3 is
+// installed.
 func WithoutLoop() Option { return func(c *config) { c.loop = false } }
 
 // WithLoopBlockSize sets the loop device's logical block size: a power of
@@ -59,13 +60,15 @@ func WithoutLoop() Option { return func(c *config) { c.loop = false } }
 // kernel never sends partial blocks).
 func WithLoopBlockSize(n int) Option { return func(c *config) { c.loopBlockSize = n } }
 
-// WithReadOnly makes the file and the loop device read-only.
+// WithReadOnly makes the file and the loop device read-only (default:
+// read-write).
 func WithReadOnly() Option { return func(c *config) { c.readOnly = true } }
 
 // WithLogger logs backend errors and teardown steps (default: none).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithFUSEDebug logs every FUSE request (go-fuse's debug output).
+// WithFUSEDebug logs every FUSE request (go-fuse's debug output; default
+// off).
 func WithFUSEDebug() Option { return func(c *config) { c.debug = true } }
 
 // WithDetachTimeout bounds how long Detach waits for the kernel to release

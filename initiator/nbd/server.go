@@ -63,7 +63,7 @@ type Option func(*config)
 func WithExportName(name string) Option { return func(c *config) { c.exportName = name } }
 
 // WithDescription sets the human-readable description sent with NBD_OPT_LIST
-// and NBD_INFO_DESCRIPTION.
+// and NBD_INFO_DESCRIPTION (default: none).
 func WithDescription(text string) Option { return func(c *config) { c.description = text } }
 
 // WithMultiConn advertises NBD_FLAG_CAN_MULTI_CONN. Set it only when the
@@ -72,12 +72,13 @@ func WithDescription(text string) Option { return func(c *config) { c.descriptio
 // namespace); clients then spread I/O over several connections.
 func WithMultiConn(ok bool) Option { return func(c *config) { c.multiConn = ok } }
 
-// WithReadOnly serves the export read-only: NBD_FLAG_READ_ONLY is set and
-// writes, trims and write-zeroes fail with EPERM.
+// WithReadOnly serves the export read-only (default: read-write):
+// NBD_FLAG_READ_ONLY is set and writes, trims and write-zeroes fail with EPERM.
 func WithReadOnly() Option { return func(c *config) { c.readOnly = true } }
 
-// WithoutStructuredReplies refuses NBD_OPT_STRUCTURED_REPLY, so that every
-// reply is a simple reply (for old clients and for tests).
+// WithoutStructuredReplies refuses NBD_OPT_STRUCTURED_REPLY (accepted by
+// default), so that every reply is a simple reply (for old clients and for
+// tests).
 func WithoutStructuredReplies() Option { return func(c *config) { c.structured = false } }
 
 // WithMaxPayload sets the maximum block size advertised and enforced for
@@ -92,7 +93,8 @@ func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n 
 // WithLogger logs connection events and protocol violations (default: none).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithRegisterer registers the server's metrics on reg.
+// WithRegisterer registers the server's metrics on reg (default: none
+// registered).
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(c *config) { c.registerer = reg }
 }
