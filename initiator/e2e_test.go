@@ -738,9 +738,9 @@ func reconnectAfterTargetRestart(t *testing.T, k fabricKind) {
 // with another backing (another size and NGUID under the same NSID) is
 // detected by the reconnect, without I/O: Changed is closed and Change says
 // since when and what changed; I/O then fails with ErrNamespaceChanged at
-// once, for good, and returns none of the other disk's data. Before, a READ
-// past the smaller region's end failed the queue pair and the reconnect
-// retried it for ever; and until session 8 only I/O found the change.
+// once, for good, and returns none of the other disk's data (a READ past the
+// smaller region's end would fail the queue pair, and the reconnect would
+// retry it for ever).
 func TestNamespaceChangedAcrossRestart(t *testing.T) {
 	for _, k := range restartKinds {
 		t.Run(k.name, func(t *testing.T) { namespaceChangedAcrossRestart(t, k) })

@@ -341,8 +341,8 @@ func testDriveContextEnds(t *testing.T, cqOpts ...nprdma.CQOption) {
 }
 
 // Request/response exchanges carry their acknowledgements in the next
-// request: 100 SEND ping-pongs with signaled SENDs send no ACK frame, where
-// each side used to send one per message. The acknowledgement of the last
+// request: 100 SEND ping-pongs with signaled SENDs send no ACK frame, not
+// one per message. The acknowledgement of the last
 // answer, owed with no request to carry it, goes out at the client's next
 // wait.
 func TestPiggybackedAcks(t *testing.T) {
