@@ -173,7 +173,7 @@ func (e *cliEnv) cleanUp() {
 				time.Sleep(10 * time.Millisecond)
 			}
 		}
-		d.Reap(r)
+		d.Reap(r, false)
 	}
 }
 
@@ -268,9 +268,9 @@ func (e *cliEnv) assertGone(rec attach.Record) {
 			e.t.Errorf("%s: FUSE mount %s still mounted (%v)", rec.Name, rec.FUSEMount, err)
 		}
 	}
-	if rec.LoopDevice != "" {
-		if f, err := attach.LoopBackingFile(rec.LoopDevice); err != nil || f == rec.FUSEFile {
-			e.t.Errorf("%s: %s still bound to %q (%v)", rec.Name, rec.LoopDevice, f, err)
+	if rec.Device != "" {
+		if f, err := attach.LoopBackingFile(rec.Device); err != nil || f == rec.FUSEFile {
+			e.t.Errorf("%s: %s still bound to %q (%v)", rec.Name, rec.Device, f, err)
 		}
 	}
 }
@@ -434,7 +434,7 @@ func TestAttachFUSEModeFilesystem(t *testing.T) {
 	needTools(t, "fio", "mkfs.ext4", "e2fsck", "blkdiscard")
 	e := newCLIEnv(t)
 	rec := e.attachDaemon("t-fuse", "--mode", "fuse")
-	dev := rec.LoopDevice
+	dev := rec.Device
 	if rec.Mode != attach.ModeFUSE || !strings.HasPrefix(dev, "/dev/loop") || rec.FUSEMount != filepath.Join(e.runDir, "mnt", "t-fuse") {
 		t.Fatalf("record: %+v", rec)
 	}
