@@ -24,7 +24,8 @@ func listCommand() *cli.Command {
 			"restarted without a clean shutdown (crash, kill) serves on, but a line under the table says how many\n" +
 			"may be lost (JSON: possibly_lost, possibly_lost_bytes, possibly_lost_since); detach then fails naming them.\n" +
 			"A record whose attach process is gone (killed, crashed) is dropped, saying so, after\n" +
-			"cleaning up what it left (dead FUSE mount, stale socket).",
+			"cleaning up what it left (dead FUSE mount, stale socket, kernel device); one whose device waits for the next\n" +
+			"attach of its name (ublk: the device outlives its process, its I/O held) is listed as orphaned instead.",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print a JSON array of the attachment records instead of a table"},
 			runDirFlag(),
@@ -45,6 +46,13 @@ func listAction(cc *cli.Context) error {
 	live := []attach.Record{}
 	for _, r := range recs {
 		if r.Process().Alive() {
+			live = append(live, r)
+			continue
+		}
+		if attach.Resumable(r) {
+			// Its device outlived it and waits for the next attach of
+			// the name: removing it would fail the filesystem on it.
+			r.State = attach.StateOrphaned
 			live = append(live, r)
 			continue
 		}
@@ -93,6 +101,12 @@ func printAttachments(w io.Writer, recs []attach.Record, now time.Time) {
 	for _, r := range dead {
 		fmt.Fprintf(w, "%s: %s since %s (%s ago); its I/O fails with EIO: %s\n", r.Name, r.DeadCause(),
 			r.LostSince.Local().Format(time.DateTime), now.Sub(r.LostSince).Truncate(time.Second), r.LostReason)
+	}
+	for _, r := range recs {
+		if r.State == attach.StateOrphaned {
+			fmt.Fprintf(w, "%s: its attach process (pid %d) is gone; %s waits for it, its I/O held: attach again with --name %s to resume it, or detach %s to remove it\n",
+				r.Name, r.PID, r.Device, r.Name, r.Name)
+		}
 	}
 	for _, r := range recs {
 		if r.PossiblyLost > 0 {

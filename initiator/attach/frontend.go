@@ -98,6 +98,7 @@ func (e *RefusedError) Unwrap() error { return e.Err }
 var frontends = map[Mode]Frontend{
 	ModeNBD:  nbdFrontend{},
 	ModeFUSE: fuseFrontend{},
+	ModeUBLK: ublkFrontend{},
 }
 
 // FrontendOf returns the frontend of mode (not ModeAuto: see ChooseMode).

@@ -83,3 +83,51 @@ func MountPointsOf(path string) ([]string, error) {
 	}
 	return MountPointsOfDevice(st.Rdev)
 }
+
+// mountsOfDevice is MountPointsOf, but a device node that is gone has no
+// mounts.
+func mountsOfDevice(path string) ([]string, error) {
+	mounts, err := MountPointsOf(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return mounts, err
+}
+
+// unmountDevice checks that nothing has the block device at path mounted
+// before it is taken down: a *RefusedError naming the mount points if it
+// is, unless force; then it unmounts them, innermost first (lazily if
+// busy).
+func unmountDevice(path string, force bool) error {
+	mounts, err := mountsOfDevice(path)
+	if err != nil {
+		return fmt.Errorf("detach %s: reading mounts: %w", path, err)
+	}
+	if len(mounts) > 0 && !force {
+		return &RefusedError{Err: fmt.Errorf("detach %s: it is mounted at %s; unmount it first, or detach with force to unmount it",
+			path, joinPaths(mounts))}
+	}
+	for i := len(mounts) - 1; i >= 0; i-- {
+		err := unix.Unmount(mounts[i], 0)
+		if errors.Is(err, unix.EBUSY) {
+			err = unix.Unmount(mounts[i], unix.MNT_DETACH)
+		}
+		if err != nil && !errors.Is(err, unix.EINVAL) { // EINVAL: gone already
+			return fmt.Errorf("detach %s: unmount %s: %w", path, mounts[i], err)
+		}
+	}
+	return nil
+}
+
+// lazyUnmount detaches the mounts, innermost first, and says so.
+func lazyUnmount(mounts []string) []string {
+	var notes []string
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if err := unix.Unmount(mounts[i], unix.MNT_DETACH); err == nil {
+			notes = append(notes, "unmounted "+mounts[i]+" lazily")
+		}
+	}
+	return notes
+}
+
+func joinPaths(p []string) string { return strings.Join(p, ", ") }

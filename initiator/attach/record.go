@@ -53,6 +53,10 @@ const (
 	// size or NGUID, or none); as in StateLost, the process still serves,
 	// but its I/O fails with EIO.
 	StateNamespaceChanged = "namespace-changed"
+	// StateOrphaned is never recorded: list shows it for a record whose
+	// attach process is gone but whose device waits for the next attach
+	// process of the name to resume it (Resumable).
+	StateOrphaned = "orphaned"
 )
 
 // Record describes one attachment. The attach process writes it; list and
