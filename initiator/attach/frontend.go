@@ -96,9 +96,10 @@ func (e *RefusedError) Unwrap() error { return e.Err }
 
 // frontends is the registry of attach modes.
 var frontends = map[Mode]Frontend{
-	ModeNBD:  nbdFrontend{},
-	ModeFUSE: fuseFrontend{},
-	ModeUBLK: ublkFrontend{},
+	ModeNBD:       nbdFrontend{},
+	ModeFUSE:      fuseFrontend{},
+	ModeUBLK:      ublkFrontend{},
+	ModeNBDKernel: nbdKernelFrontend{},
 }
 
 // FrontendOf returns the frontend of mode (not ModeAuto: see ChooseMode).

@@ -64,11 +64,7 @@ func (ublkFrontend) Resumable(rec Record) bool {
 	return err == nil && ublk.Orphaned(id, rec.PID)
 }
 
-// Reap removes the device the dead attach process left. While a filesystem
-// on it is mounted that is refused: the filesystem's I/O waits for the
-// device, and attaching again under the same name resumes it. With force
-// the device goes first (the waiting I/O fails), then the filesystem is
-// unmounted lazily.
+// Reap removes the device the dead attach process left (reapDevice).
 func (ublkFrontend) Reap(d *Dir, rec Record, force bool) ([]string, error) {
 	if rec.Device == "" {
 		return nil, nil
@@ -77,20 +73,5 @@ func (ublkFrontend) Reap(d *Dir, rec Record, force bool) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	mounts, err := mountsOfDevice(rec.Device)
-	if err != nil {
-		return nil, err
-	}
-	if len(mounts) > 0 && !force {
-		return nil, fmt.Errorf("%s is mounted at %s, and its I/O waits for the dead attach process: attach again with --name %s to resume it, or detach --force to remove the device (the filesystem's I/O then fails)",
-			rec.Device, joinPaths(mounts), rec.Name)
-	}
-	if err := ublk.Remove(id, rec.PID); err != nil {
-		return nil, err
-	}
-	notes := []string{"removed the ublk device " + rec.Device}
-	if len(mounts) > 0 {
-		notes = append(notes, lazyUnmount(mounts)...)
-	}
-	return notes, nil
+	return reapDevice(rec, force, "ublk", func() error { return ublk.Remove(id, rec.PID) })
 }

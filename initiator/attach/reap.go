@@ -131,3 +131,24 @@ func lazyUnmount(mounts []string) []string {
 }
 
 func joinPaths(p []string) string { return strings.Join(p, ", ") }
+
+// reapDevice removes the kernel block device a dead attach process left,
+// with remove. While a filesystem on it is mounted that is refused: the
+// filesystem's I/O waits for the device, and attaching again under the same
+// name resumes it. With force the device goes first (the waiting I/O
+// fails), then the filesystem is unmounted lazily.
+func reapDevice(rec Record, force bool, kind string, remove func() error) ([]string, error) {
+	mounts, err := mountsOfDevice(rec.Device)
+	if err != nil {
+		return nil, err
+	}
+	if len(mounts) > 0 && !force {
+		return nil, fmt.Errorf("%s is mounted at %s, and its I/O waits for the dead attach process: attach again with --name %s to resume it, or detach --force to remove the device (the filesystem's I/O then fails)",
+			rec.Device, joinPaths(mounts), rec.Name)
+	}
+	if err := remove(); err != nil {
+		return nil, err
+	}
+	notes := []string{"removed the " + kind + " device " + rec.Device}
+	return append(notes, lazyUnmount(mounts)...), nil
+}

@@ -47,12 +47,12 @@ func deadRecord(t *testing.T, name string) Record {
 }
 
 func TestParseModeAndNames(t *testing.T) {
-	for _, s := range []string{"nbd", "fuse", "ublk", "auto"} {
+	for _, s := range []string{"nbd", "fuse", "ublk", "nbd-kernel", "auto"} {
 		if m, err := ParseMode(s); err != nil || string(m) != s {
 			t.Errorf("ParseMode(%q) = %q, %v", s, m, err)
 		}
 	}
-	if _, err := ParseMode("loop"); err == nil || !strings.Contains(err.Error(), "want fuse, nbd, ublk or auto") {
+	if _, err := ParseMode("loop"); err == nil || !strings.Contains(err.Error(), "want fuse, nbd, nbd-kernel, ublk or auto") {
 		t.Errorf("ParseMode(loop): %v", err)
 	}
 	for nqn, want := range map[string]string{

@@ -1,0 +1,99 @@
+package attach
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+
+	"github.com/nprdma/nprdma/initiator/blockio"
+	"github.com/nprdma/nprdma/initiator/nbd"
+	"github.com/nprdma/nprdma/initiator/nbdkernel"
+)
+
+// nbdKernelFrontend attaches the kernel's NBD client (/dev/nbdN) to an NBD
+// server in this process over socket pairs, configured over netlink. When
+// the attach process dies the kernel holds the device's I/O for
+// nbdkernel.DeadConnTimeout, and the next attach process of the same name
+// resumes it within that time.
+type nbdKernelFrontend struct{}
+
+func (nbdKernelFrontend) Mode() Mode   { return ModeNBDKernel }
+func (nbdKernelFrontend) What() string { return "the kernel's NBD client" }
+
+func (nbdKernelFrontend) Start(ctx context.Context, b blockio.Backend, cfg Config) (Exposure, error) {
+	opts := []nbd.Option{nbd.WithExportName(cfg.Name), nbd.WithDescription(cfg.Description),
+		// One Flush covers every connection's writes: they all go to the
+		// one backend.
+		nbd.WithMultiConn(true), nbd.WithLogger(cfg.logger())}
+	if cfg.Registerer != nil {
+		opts = append(opts, nbd.WithRegisterer(cfg.Registerer))
+	}
+	srv, err := nbd.NewServer(b, opts...)
+	if err != nil {
+		return nil, err
+	}
+	conns := cfg.Queues
+	if conns <= 0 {
+		conns = runtime.NumCPU()
+	}
+	kopts := []nbdkernel.Option{nbdkernel.WithConnections(conns), nbdkernel.WithLogger(cfg.logger())}
+	var dev *nbdkernel.Device
+	if r := cfg.Resume; r != nil {
+		index, perr := nbdkernel.ParseBlockPath(r.Device)
+		if perr != nil {
+			return nil, perr
+		}
+		if dev, err = nbdkernel.Resume(index, srv, cfg.Name, b.Size(), kopts...); err != nil {
+			err = fmt.Errorf("resuming %s: %w", r.Device, err)
+		}
+	} else {
+		dev, err = nbdkernel.Attach(srv, cfg.Name, b.Size(), kopts...)
+	}
+	if err != nil {
+		srv.Close()
+		return nil, err
+	}
+	return &nbdKernelExposure{dev: dev, srv: srv}, nil
+}
+
+type nbdKernelExposure struct {
+	dev *nbdkernel.Device
+	srv *nbd.Server
+}
+
+func (e *nbdKernelExposure) Fill(rec *Record) { rec.Device = e.dev.Path() }
+
+// Detach refuses while the device is mounted, unless force (then it
+// unmounts first), disconnects the device and closes the server.
+func (e *nbdKernelExposure) Detach(force bool) error {
+	if err := unmountDevice(e.dev.Path(), force); err != nil {
+		return err
+	}
+	err := e.dev.Disconnect()
+	e.srv.Close()
+	return err
+}
+
+func (e *nbdKernelExposure) Failed() <-chan error { return e.dev.Failed() }
+
+// Resumable: the device is still connected for the dead attach process.
+func (nbdKernelFrontend) Resumable(rec Record) bool {
+	index, err := nbdkernel.ParseBlockPath(rec.Device)
+	if err != nil {
+		return false
+	}
+	owner, err := nbdkernel.Owner(index)
+	return err == nil && owner == rec.PID
+}
+
+// Reap disconnects the device the dead attach process left (reapDevice).
+func (nbdKernelFrontend) Reap(d *Dir, rec Record, force bool) ([]string, error) {
+	if rec.Device == "" {
+		return nil, nil
+	}
+	index, err := nbdkernel.ParseBlockPath(rec.Device)
+	if err != nil {
+		return nil, err
+	}
+	return reapDevice(rec, force, "NBD", func() error { return nbdkernel.Remove(index, rec.PID) })
+}
