@@ -49,7 +49,7 @@ func listAction(cc *cli.Context) error {
 			live = append(live, r)
 			continue
 		}
-		if attach.Resumable(r) {
+		if dir.Resumable(r) {
 			// Its device outlived it and waits for the next attach of
 			// the name: removing it would fail the filesystem on it.
 			r.State = attach.StateOrphaned

@@ -34,7 +34,7 @@ type Frontend interface {
 type Resumer interface {
 	// Resumable reports whether the device of rec, whose attach process
 	// is gone, can still be resumed.
-	Resumable(rec Record) bool
+	Resumable(d *Dir, rec Record) bool
 }
 
 // Config is what a frontend starts with. Each frontend reads the fields

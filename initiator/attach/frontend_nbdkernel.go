@@ -36,7 +36,8 @@ func (nbdKernelFrontend) Start(ctx context.Context, b blockio.Backend, cfg Confi
 	if conns <= 0 {
 		conns = runtime.NumCPU()
 	}
-	kopts := []nbdkernel.Option{nbdkernel.WithConnections(conns), nbdkernel.WithLogger(cfg.logger())}
+	kopts := []nbdkernel.Option{nbdkernel.WithConnections(conns), nbdkernel.WithLogger(cfg.logger()),
+		nbdkernel.WithBackendID(nbdBackendID(cfg.Dir, cfg.Name))}
 	var dev *nbdkernel.Device
 	if r := cfg.Resume; r != nil {
 		index, perr := nbdkernel.ParseBlockPath(r.Device)
@@ -76,14 +77,20 @@ func (e *nbdKernelExposure) Detach(force bool) error {
 
 func (e *nbdKernelExposure) Failed() <-chan error { return e.dev.Failed() }
 
-// Resumable: the device is still connected for the dead attach process.
-func (nbdKernelFrontend) Resumable(rec Record) bool {
+// nbdBackendID names the backend of the device of attachment name in d
+// (/sys/block/nbdN/backend): how a later process knows the device is that
+// attachment's. The kernel records the thread that connected a device,
+// not its process, so the PID cannot tell.
+func nbdBackendID(d *Dir, name string) string { return "nprdma:" + d.MountDir(name) }
+
+// Resumable: the device is still connected for the attachment.
+func (nbdKernelFrontend) Resumable(d *Dir, rec Record) bool {
 	index, err := nbdkernel.ParseBlockPath(rec.Device)
 	if err != nil {
 		return false
 	}
-	owner, err := nbdkernel.Owner(index)
-	return err == nil && owner == rec.PID
+	backend, err := nbdkernel.Backend(index)
+	return err == nil && backend == nbdBackendID(d, rec.Name)
 }
 
 // Reap disconnects the device the dead attach process left (reapDevice).
@@ -95,5 +102,5 @@ func (nbdKernelFrontend) Reap(d *Dir, rec Record, force bool) ([]string, error) 
 	if err != nil {
 		return nil, err
 	}
-	return reapDevice(rec, force, "NBD", func() error { return nbdkernel.Remove(index, rec.PID) })
+	return reapDevice(rec, force, "NBD", func() error { return nbdkernel.Remove(index, nbdBackendID(d, rec.Name)) })
 }

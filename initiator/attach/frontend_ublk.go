@@ -59,7 +59,7 @@ func (e *ublkExposure) Detach(force bool) error {
 func (e *ublkExposure) Failed() <-chan error { return e.dev.Failed() }
 
 // Resumable: the device of a dead attach process waits for a new server.
-func (ublkFrontend) Resumable(rec Record) bool {
+func (ublkFrontend) Resumable(d *Dir, rec Record) bool {
 	id, err := ublk.ParseBlockPath(rec.Device)
 	return err == nil && ublk.Orphaned(id, rec.PID)
 }

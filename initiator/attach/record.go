@@ -284,7 +284,7 @@ func (d *Dir) Claim(rec Record) (resume *Record, err error) {
 		case old.Process().Alive():
 			return nil, &ExistsError{Record: old}
 		}
-		if old.Mode == rec.Mode && old.Target == rec.Target && old.NQN == rec.NQN && old.NSID == rec.NSID && Resumable(old) {
+		if old.Mode == rec.Mode && old.Target == rec.Target && old.NQN == rec.NQN && old.NSID == rec.NSID && d.Resumable(old) {
 			if err := d.Remove(rec.Name); err != nil {
 				return nil, err
 			}
@@ -299,13 +299,13 @@ func (d *Dir) Claim(rec Record) (resume *Record, err error) {
 
 // Resumable reports whether rec, whose attach process is gone, left a
 // device that a new attach process can resume (Resumer).
-func Resumable(rec Record) bool {
+func (d *Dir) Resumable(rec Record) bool {
 	f, err := FrontendOf(rec.Mode)
 	if err != nil {
 		return false
 	}
 	r, ok := f.(Resumer)
-	return ok && r.Resumable(rec)
+	return ok && r.Resumable(d, rec)
 }
 
 // FreeName returns base, or base-2, base-3, ... : the first name no live

@@ -81,7 +81,8 @@ func WithConnections(n int) Option { return func(c *config) { c.connections = n 
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithBackendID names the device's backend, shown in
-// /sys/block/nbdN/backend (default "nprdma:" and the export's name).
+// /sys/block/nbdN/backend (default "nprdma:" and the export's name): what
+// Backend reads and Remove checks to know the device is ours.
 func WithBackendID(id string) Option { return func(c *config) { c.backendID = id } }
 
 // Device is a kernel NBD device connected to this process's server.
@@ -364,7 +365,8 @@ func (d *Device) reconfigure(n, attempt int) error {
 	if err != nil {
 		return err
 	}
-	attrs := []attr{attrU32(attrIndex, uint32(d.index)), sockets(fds)}
+	// The kernel wants the device's backend named, as it was at connect.
+	attrs := []attr{attrU32(attrIndex, uint32(d.index)), attrString(attrBackendID, d.cfg.backendID), sockets(fds)}
 	_, err = d.nl.request(d.family, cmdReconfigure, version, attrs)
 	if err == nil {
 		handed(links)
@@ -405,16 +407,17 @@ func (d *Device) Disconnect() error {
 
 func (d *Device) close() { d.nl.close() }
 
-// Remove disconnects device index, which a process that died left (pid, as
-// /sys/block/nbdN/pid says): requests waiting for it fail. A device of
-// another process is left alone; one not connected is nothing to do.
-func Remove(index, pid int) error {
-	owner, err := Owner(index)
-	if err != nil || owner == 0 {
+// Remove disconnects device index, which a process that died left:
+// requests waiting for it fail. It does so only if the device's backend is
+// backendID (as WithBackendID set it): a device connected for someone else
+// now is left alone, one not connected is nothing to do.
+func Remove(index int, backendID string) error {
+	owner, err := Backend(index)
+	if err != nil || owner == "" {
 		return nil // not connected, or gone
 	}
-	if owner != pid {
-		return fmt.Errorf("nbdkernel: %s is connected for pid %d now, not %d: left alone", BlockPath(index), owner, pid)
+	if owner != backendID {
+		return fmt.Errorf("nbdkernel: %s is connected for %q now, not %q: left alone", BlockPath(index), owner, backendID)
 	}
 	nl, err := openGenl()
 	if err != nil {
@@ -431,17 +434,19 @@ func Remove(index, pid int) error {
 	return nil
 }
 
-// Owner is the process that connected device index (/sys/block/nbdN/pid),
-// or 0 when the device is not connected.
-func Owner(index int) (int, error) {
-	b, err := os.ReadFile(filepath.Join("/sys/block", "nbd"+strconv.Itoa(index), "pid"))
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
+// Backend is what the process that connected device index named its
+// backend (/sys/block/nbdN/backend, WithBackendID), or "" when the device
+// is not connected.
+func Backend(index int) (string, error) {
+	dir := filepath.Join("/sys/block", "nbd"+strconv.Itoa(index))
+	if _, err := os.Stat(filepath.Join(dir, "pid")); errors.Is(err, os.ErrNotExist) {
+		return "", nil // not connected (or no such device)
 	}
+	b, err := os.ReadFile(filepath.Join(dir, "backend"))
 	if err != nil {
-		return 0, err
+		return "", err
 	}
-	return strconv.Atoi(strings.TrimSpace(string(b)))
+	return strings.TrimSpace(string(b)), nil
 }
 
 // deviceSize is the size of /dev/nbdN in bytes (sysfs counts 512-byte

@@ -6,6 +6,7 @@ package nbdkernel
 // is in native byte order.
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -198,7 +199,9 @@ func (g *genl) request(family uint16, cmd, version uint8, attrs []attr) ([][]att
 				if len(m.payload) < genlHdrSize {
 					return nil, errors.New("netlink: reply without its generic header")
 				}
-				a, err := parseAttrs(m.payload[genlHdrSize:])
+				// A copy: the next datagram (the acknowledgement) is
+				// received into the same buffer.
+				a, err := parseAttrs(bytes.Clone(m.payload[genlHdrSize:]))
 				if err != nil {
 					return nil, err
 				}
