@@ -181,7 +181,7 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 		return err
 	}
 	if r := a.Resuming(); r != nil {
-		say(fmt.Sprintf("resuming %s of the attach process %d, which is gone", r.Use(), r.PID))
+		say(fmt.Sprintf("resuming %s, whose attach process %d is gone", r.Use(), r.PID))
 	}
 
 	// Signals: during setup any of them cancels it; afterwards they are
@@ -309,7 +309,11 @@ func announce(cc *cli.Context, rec attach.Record) error {
 
 // sentence says what is attached and how to use it, in one line.
 func sentence(r attach.Record) string {
-	s := fmt.Sprintf("attached %s as %s: namespace %d of %s at %s (%s)", r.Name, r.Use(), r.NSID, r.NQN, r.Target, attach.HumanSize(r.Size))
+	use := r.Use()
+	if r.ResumedFrom != 0 {
+		use += fmt.Sprintf(" (resumed: its attach process %d had died)", r.ResumedFrom)
+	}
+	s := fmt.Sprintf("attached %s as %s: namespace %d of %s at %s (%s)", r.Name, use, r.NSID, r.NQN, r.Target, attach.HumanSize(r.Size))
 	if r.TCPURI != "" {
 		s += "; also " + r.TCPURI
 	}

@@ -104,6 +104,9 @@ func (a *Attachment) Expose(ctx context.Context, f Frontend, b blockio.Backend, 
 	}
 	a.exp = exp
 	exp.Fill(&a.rec)
+	if a.resume != nil {
+		a.rec.ResumedFrom = a.resume.PID
+	}
 	a.rec.State = StateAttached
 	return a.dir.Save(a.rec)
 }

@@ -90,6 +90,10 @@ type Record struct {
 	FUSEMount string `json:"fuse_mount,omitempty"`
 	FUSEFile  string `json:"fuse_file,omitempty"`
 
+	// ResumedFrom is the PID of the dead attach process whose device this
+	// one resumed (Dir.Claim, Resumer).
+	ResumedFrom int `json:"resumed_from,omitempty"`
+
 	MetricsAddr string `json:"metrics_addr,omitempty"`
 	LogFile     string `json:"log_file,omitempty"`
 
