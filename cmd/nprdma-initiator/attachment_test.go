@@ -523,6 +523,31 @@ func TestAttachFUSEModeFilesystem(t *testing.T) {
 	e.assertGone(rec)
 }
 
+// TestAttachAutoSaysWhatItChose: attach --mode auto takes the mode
+// attach.ChooseMode picks for this machine and says why on stderr: fuse
+// here (root, /dev/fuse and /dev/loop-control, and a kernel with neither
+// ublk nor the NBD client; the guest lab checks that it picks ublk there).
+func TestAttachAutoSaysWhatItChose(t *testing.T) {
+	mode, why := attach.ChooseMode(attach.ProbeKernel())
+	if mode != attach.ModeFUSE && mode != attach.ModeNBD {
+		t.Skipf("auto chooses %s here; this test attaches in the modes of machines without ublk and NBD", mode)
+	}
+	e := newCLIEnv(t)
+	out, stderr := e.mustRun("attach", "--target", e.addr, "--nqn", cliSubNQN, "--name", "t-auto", "--daemon", "--json", "--mode", "auto")
+	var rec attach.Record
+	if err := json.Unmarshal([]byte(out), &rec); err != nil {
+		t.Fatalf("attach --json printed %q: %v", out, err)
+	}
+	if rec.Mode != mode || !strings.Contains(stderr, why) {
+		t.Fatalf("auto attached in mode %s, saying:\n%s\nwant mode %s and %q", rec.Mode, stderr, mode, why)
+	}
+	if mode == attach.ModeFUSE && !strings.Contains(why, "auto chose fuse (a loop device over a FUSE file): this kernel has neither ublk") {
+		t.Errorf("the reason: %q", why)
+	}
+	e.mustRun("detach", "t-auto")
+	e.assertGone(rec)
+}
+
 // TestListAndDetachDeadAttachments: list shows both modes with target and
 // mode; a name in use is refused; attachments whose process was killed are
 // dropped by list, which cleans up what they left.
