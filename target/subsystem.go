@@ -35,10 +35,13 @@ type Subsystem struct {
 	nqn    string
 	serial string
 
+	recordMu sync.Mutex // orders changes of the record (AllowHost)
+
 	mu       sync.Mutex
 	hosts    map[string]bool
 	allowAny bool
 	ns       map[uint32]*Namespace
+	stopped  bool // the target is stopping: no command acquires a namespace
 
 	// fenceMu guards the hosts' fencing states (fence.go); it is taken only
 	// when queues fail, controllers come and go, and commands wait for a
@@ -142,19 +145,33 @@ func (s *Subsystem) Allows(host string) bool {
 	return s.allowAny || s.hosts[host]
 }
 
-// AllowHost adds host to the allow-list (and to the metadata store).
+// AllowHost adds host to the allow-list. With a data directory the new list
+// is recorded first: when that fails (the metadata store failed, an error
+// wrapping ErrMetadataStore) the host is not added.
 func (s *Subsystem) AllowHost(host string) error {
 	if err := nvme.ValidateNQN(host); err != nil {
 		return fmt.Errorf("target: subsystem %s: host %q: %w", s.nqn, host, err)
+	}
+	s.recordMu.Lock()
+	defer s.recordMu.Unlock()
+	s.mu.Lock()
+	listed := s.hosts[host]
+	s.mu.Unlock()
+	if listed {
+		return nil
+	}
+	if err := s.record(append(s.Hosts(), host)); err != nil {
+		return fmt.Errorf("target: subsystem %s: allowing host %s: %w", s.nqn, host, err)
 	}
 	s.mu.Lock()
 	s.hosts[host] = true
 	s.mu.Unlock()
 	s.t.genCtr.Add(1)
-	return s.persist()
+	return nil
 }
 
-func (s *Subsystem) persist() error {
+// record writes the subsystem's record with hosts as its host list.
+func (s *Subsystem) record(hosts []string) error {
 	if s.t.meta == nil {
 		return nil
 	}
@@ -165,7 +182,8 @@ func (s *Subsystem) persist() error {
 	if !ok {
 		rec = subsystemRecord{NQN: s.nqn, Serial: s.serial, Created: time.Now().UTC()}
 	}
-	rec.Hosts = s.Hosts()
+	sort.Strings(hosts)
+	rec.Hosts = hosts
 	rec.AllowAnyHost = s.AllowsAnyHost()
 	return s.t.meta.putSubsystem(rec)
 }
@@ -197,6 +215,9 @@ func (s *Subsystem) Namespace(nsid uint32) *Namespace {
 func (s *Subsystem) acquire(nsid uint32) *Namespace {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.stopped {
+		return nil
+	}
 	n := s.ns[nsid]
 	if n != nil {
 		n.users.Add(1)
@@ -208,6 +229,9 @@ func (s *Subsystem) acquire(nsid uint32) *Namespace {
 func (s *Subsystem) acquireAll() []*Namespace {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.stopped {
+		return nil
+	}
 	out := make([]*Namespace, 0, len(s.ns))
 	for _, n := range s.ns {
 		if n != nil {
@@ -217,6 +241,17 @@ func (s *Subsystem) acquireAll() []*Namespace {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].nsid < out[j].nsid })
 	return out
+}
+
+// stopServing makes acquire find no namespace from now on, so that the
+// target's stop may wait for each namespace's commands (users) and close
+// it. Only a command that had not reached its namespace by then is
+// affected, and its queue is closed already: its host never sees the
+// completion.
+func (s *Subsystem) stopServing() {
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
 }
 
 func (s *Subsystem) activeNSIDs() []uint32 {
@@ -323,6 +358,11 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 	var rec namespaceRecord
 	found := false
 	if t.meta != nil {
+		// A failed store may hold records its failed writes left in its
+		// memory: nothing is taken from it any more.
+		if err := t.meta.refuseRecord(); err != nil {
+			return fail(err)
+		}
 		var err error
 		if rec, found, err = t.meta.namespace(s.nqn, nsid); err != nil {
 			return fail(err)
@@ -488,6 +528,41 @@ func (n *Namespace) close() error {
 		}
 	})
 	return n.closeErr
+}
+
+// closeReporting closes n as close does; when its data did not all reach
+// the backing device it also says which byte ranges may not have: the pages
+// still dirty after a failed flush. Close retries that flush, and nothing
+// writes to them any more, so the pages it leaves dirty are among these.
+func (n *Namespace) closeReporting() ([]ByteRange, error) {
+	var dirty []ByteRange
+	if n.region != nil {
+		if err := n.region.Flush(); err != nil {
+			dirty = dirtyRanges(n.region.States())
+		}
+	}
+	if err := n.close(); err != nil {
+		return dirty, err
+	}
+	return nil, nil
+}
+
+// dirtyRanges coalesces the dirty pages of a region's states into byte
+// ranges.
+func dirtyRanges(states []uint64) []ByteRange {
+	var out []ByteRange
+	for p := range states {
+		if atomic.LoadUint64(&states[p])&swap.StateDirty == 0 {
+			continue
+		}
+		off := int64(p) * swap.PageSize
+		if k := len(out) - 1; k >= 0 && out[k].Off+out[k].Len == off {
+			out[k].Len += swap.PageSize
+			continue
+		}
+		out = append(out, ByteRange{Off: off, Len: swap.PageSize})
+	}
+	return out
 }
 
 // Flush makes every completed write to the namespace durable.

@@ -10,7 +10,6 @@ package target
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -43,6 +42,10 @@ const (
 	// reclaim timeout): a failed queue's command that will end is waited
 	// for.
 	DefaultFenceTimeout = 15 * time.Second
+	// DefaultMetadataProbeInterval is how often the metadata store's
+	// directory is probed while nothing is written to it: a store that
+	// failed then shows within this long (docs/target.md §6).
+	DefaultMetadataProbeInterval = 10 * time.Second
 	// BlockSize is the LBA size of every namespace: the page size of the
 	// region, so that one block is one page of residency.
 	BlockSize = 4096
@@ -69,6 +72,7 @@ type config struct {
 	pinnedBudget   int64
 	busyPoll       time.Duration
 	fenceTimeout   time.Duration
+	metaProbe      time.Duration
 }
 
 // WithProvider sets the nprdma provider (default nprdma/tcp).
@@ -142,6 +146,12 @@ func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll 
 // could let the old command overwrite it.
 func WithFenceTimeout(d time.Duration) Option { return func(c *config) { c.fenceTimeout = d } }
 
+// WithMetadataProbeInterval sets how often the metadata store's directory
+// is probed (a small file rewritten and synced) while nothing is written to
+// it (default DefaultMetadataProbeInterval; 0 turns the timer off, every
+// write still probes first). Without a data directory it does nothing.
+func WithMetadataProbeInterval(d time.Duration) Option { return func(c *config) { c.metaProbe = d } }
+
 // WithQPTimeout sets the queue pairs' peer-silence timeout.
 func WithQPTimeout(d time.Duration) Option { return func(c *config) { c.qpTimeout = d } }
 
@@ -167,7 +177,8 @@ type Target struct {
 	queues    map[*queueConn]struct{}
 	ln        *fabric.Listener
 	started   bool
-	closed    bool
+	stopping  bool // Shutdown or Close began
+	closed    bool // the connections are closed
 	acceptCtx context.CancelFunc
 	acceptWG  sync.WaitGroup
 	retiring  sync.WaitGroup // replaced controllers finishing their teardown
@@ -193,6 +204,7 @@ func New(opts ...Option) (*Target, error) {
 		maxTransfer:    DefaultMaxTransferBytes,
 		icd:            DefaultInCapsuleData,
 		fenceTimeout:   DefaultFenceTimeout,
+		metaProbe:      DefaultMetadataProbeInterval,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -208,6 +220,9 @@ func New(opts ...Option) (*Target, error) {
 	}
 	if cfg.fenceTimeout <= 0 {
 		return nil, fmt.Errorf("target: fence timeout %v must be positive", cfg.fenceTimeout)
+	}
+	if cfg.metaProbe < 0 {
+		return nil, fmt.Errorf("target: metadata probe interval %v is negative", cfg.metaProbe)
 	}
 	if cfg.pinnedBudget < 0 {
 		return nil, fmt.Errorf("target: pinned budget %d is negative", cfg.pinnedBudget)
@@ -239,7 +254,7 @@ func New(opts ...Option) (*Target, error) {
 		}
 	}
 	if cfg.dataDir != "" {
-		if t.meta, err = openMeta(cfg.dataDir, t.log); err != nil {
+		if t.meta, err = openMeta(cfg.dataDir, cfg.metaProbe, t.log); err != nil {
 			return fail(err)
 		}
 		if t.prevRun, t.instance.UncleanStarts, err = t.meta.markRunning(); err != nil {
@@ -307,7 +322,7 @@ func (t *Target) Device() *nprdma.Device { return t.dev }
 func (t *Target) Start() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.started || t.closed {
+	if t.started || t.stopping {
 		return fmt.Errorf("target: already started or closed")
 	}
 	opts := []fabric.ListenOption{
@@ -389,134 +404,6 @@ func (t *Target) Subsystem(nqn string) *Subsystem {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.subs[nqn]
-}
-
-// Shutdown stops the target gracefully: it stops accepting connections,
-// answers new commands with "aborted", waits (up to ctx) for the commands
-// executing, closes every queue, flushes and closes every namespace, and
-// records a clean shutdown. A flush error is returned and leaves the
-// shutdown unclean.
-func (t *Target) Shutdown(ctx context.Context) error {
-	if !t.stopAccepting() {
-		return nil
-	}
-	for _, c := range t.controllers() {
-		c.abortAERs()
-	}
-	drained := make(chan struct{})
-	go func() { t.inflight.Wait(); close(drained) }()
-	var err error
-	select {
-	case <-drained:
-	case <-ctx.Done():
-		err = fmt.Errorf("target: shutdown: commands still executing: %w", ctx.Err())
-	}
-	if cerr := t.close(); cerr != nil && err == nil {
-		err = cerr
-	}
-	if err == nil && t.meta != nil {
-		err = t.meta.markClean()
-	}
-	t.closeMeta()
-	return err
-}
-
-// Close stops the target at once (no drain), still flushing the namespaces;
-// the shutdown is not recorded as clean, unless the target never accepted a
-// connection (see closeMetaUnserved).
-func (t *Target) Close() error {
-	if !t.stopAccepting() {
-		return nil
-	}
-	if err := t.close(); err != nil {
-		t.closeMeta()
-		return err
-	}
-	t.closeMetaUnserved()
-	return nil
-}
-
-// closeMetaUnserved closes the metadata store of a target that never
-// accepted a connection, leaving the previous run's record as it found it: a
-// run that served nothing changed no data, so a start that fails (a port in
-// use, a bad namespace) must not make the next start report a crash, nor
-// hide one. A clean or first previous run is recorded as a clean shutdown;
-// after a crash the marker stays absent.
-func (t *Target) closeMetaUnserved() {
-	if t.meta != nil && !t.accepted.Load() && t.prevRun != PreviousRunUnclean && t.prevRun != PreviousRunUnknown {
-		if err := t.meta.markClean(); err != nil {
-			t.log.Warn("target: recording the shutdown of a run that served nothing", "err", err)
-		}
-	}
-	t.closeMeta()
-}
-
-// stopAccepting answers new commands with "aborted" from now on, closes the
-// listener and waits for the accept loop; false when the target is closed
-// already.
-func (t *Target) stopAccepting() bool {
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		return false
-	}
-	t.drainMu.Lock()
-	t.draining.Store(true)
-	t.drainMu.Unlock()
-	ln := t.ln
-	t.mu.Unlock()
-	if ln != nil {
-		ln.Close()
-		t.acceptCtx()
-		t.acceptWG.Wait()
-	}
-	return true
-}
-
-func (t *Target) closeMeta() {
-	if t.meta != nil {
-		t.meta.close()
-		t.meta = nil
-	}
-}
-
-// close tears down every controller and queue, then closes the namespaces
-// (flushing them) and the device.
-func (t *Target) close() error {
-	for _, c := range t.controllers() {
-		c.teardown("target shutting down")
-	}
-	t.mu.Lock()
-	t.closed = true
-	qs := make([]*queueConn, 0, len(t.queues))
-	for qc := range t.queues {
-		qs = append(qs, qc)
-	}
-	t.mu.Unlock()
-	for _, qc := range qs {
-		qc.q.Close()
-	}
-	for _, qc := range qs {
-		qc.q.Wait()
-	}
-	t.retiring.Wait()
-	var errs []error
-	for _, s := range t.Subsystems() {
-		for _, ns := range s.Namespaces() {
-			if err := ns.close(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	if t.ln != nil {
-		t.ln.ClosePool()
-	}
-	t.pool.Close()
-	if t.pins != nil {
-		t.pins.release()
-	}
-	t.dev.Close()
-	return errors.Join(errs...)
 }
 
 func (t *Target) controllers() []*controller {

@@ -34,7 +34,9 @@ func newApp() *cli.App {
 			"as the namespace; at most --memory of it is resident in DRAM, the rest lives on the backing device.\n" +
 			"Hosts read with one-sided RDMA READs and fall back to NVMe Read commands for pages that are not\n" +
 			"resident. Without --backing or --config a sparse file of --default-size is created under --data-dir.\n" +
-			"SIGTERM or SIGINT: stop accepting, drain the commands in flight, flush every namespace, exit 0\n" +
+			"SIGTERM or SIGINT: stop accepting, drain the commands in flight, flush every namespace, record a clean\n" +
+			"shutdown, exit 0; all of it within --shutdown-timeout. A stop that is not clean (a backing device or the\n" +
+			"metadata store failing or not answering) exits 1 by then, saying what was and was not persisted\n" +
 			"(another SIGTERM or SIGINT during the flush is logged and ignored; SIGKILL stops at once).",
 		Flags: append([]cli.Flag{
 			&cli.StringSliceFlag{Name: "backing", Usage: "a block device or file to serve, as PATH[,nsid=N][,budget=SIZE] (repeatable: one namespace each, in the subsystem --nqn; budget overrides this namespace's share of --memory)"},
@@ -56,7 +58,8 @@ func newApp() *cli.App {
 			&cli.DurationFlag{Name: "max-keep-alive", Value: 0, Usage: "cap on the keep-alive timeout hosts ask for (0: 5m0s)"},
 			&cli.DurationFlag{Name: "busy-poll", Usage: "spin up to this long (e.g. 50us) for the next command on each queue before sleeping: saves a thread wake-up per command where an idle core is awake, costs a CPU while commands flow; on a small VM whose idle vCPUs halt it can cost latency instead (docs/nprdma.md §3) (0: off)"},
 			&cli.DurationFlag{Name: "fence-timeout", Value: target.DefaultFenceTimeout, Usage: "after a host's connection is lost, how long its new writes wait for an old write of the lost queue still changing the same blocks before failing with Namespace Not Ready (a status hosts retry)"},
-			&cli.DurationFlag{Name: "shutdown-timeout", Value: 0, Usage: "how long SIGTERM waits for commands in flight before closing anyway (0: 30s)"},
+			&cli.DurationFlag{Name: "shutdown-timeout", Value: 0, Usage: "bound on the whole stop after SIGTERM: commands in flight are waited for at most half of it, the rest is for flushing the namespaces and closing the metadata store; whatever has not finished by then is reported and the exit status is 1 (0: 30s)"},
+			&cli.DurationFlag{Name: "metadata-probe-interval", Value: target.DefaultMetadataProbeInterval, Usage: "how often the metadata store's directory under --data-dir is probed (a small file rewritten and synced) while nothing is written to it, so that a directory removed, read-only or failing shows on /healthz and in nprdma_target_metadata_healthy (0: only before each metadata write)"},
 		}, limitCLIFlags()...),
 		HideHelpCommand: true,
 		Action:          serve,

@@ -509,7 +509,8 @@ func TestRestartAfterSIGKILLKeepsFlushedData(t *testing.T) {
 }
 
 // TestMetricsEndpoint scrapes --metrics-addr after some I/O: the target's,
-// the swap observer's and the fabric's series are there and moved.
+// the swap observer's and the fabric's series are there and moved, and
+// /healthz and /readyz say all is well.
 func TestMetricsEndpoint(t *testing.T) {
 	dir := t.TempDir()
 	makeBacking(t, dir, 8<<20)
@@ -548,6 +549,21 @@ func TestMetricsEndpoint(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+	base := strings.TrimSuffix(url, "/metrics")
+	for path, want := range map[string]string{"/healthz": "ok\n", "/readyz": "ready\n"} {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(body) != want {
+			t.Errorf("%s: %d %q, want 200 %q", path, resp.StatusCode, body, want)
+		}
+	}
+	if !strings.Contains(text, "nprdma_target_metadata_healthy 1\n") {
+		t.Error("metrics lack nprdma_target_metadata_healthy 1")
 	}
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	if code := p.wait(t); code != 0 {

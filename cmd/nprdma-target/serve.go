@@ -23,7 +23,6 @@ import (
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 )
 
@@ -42,7 +41,7 @@ func serve(cc *cli.Context) error {
 	// during start-up must still end in a clean shutdown.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	for _, name := range []string{"busy-poll", "max-keep-alive", "shutdown-timeout", "fence-timeout"} {
+	for _, name := range []string{"busy-poll", "max-keep-alive", "shutdown-timeout", "fence-timeout", "metadata-probe-interval"} {
 		if d := cc.Duration(name); d < 0 {
 			return fmt.Errorf("--%s %v: negative", name, d)
 		}
@@ -125,7 +124,8 @@ func serve(cc *cli.Context) error {
 	if d := cc.Duration("max-keep-alive"); d > 0 {
 		opts = append(opts, target.WithKeepAliveTimeout(d))
 	}
-	opts = append(opts, target.WithFenceTimeout(cc.Duration("fence-timeout")))
+	opts = append(opts, target.WithFenceTimeout(cc.Duration("fence-timeout")),
+		target.WithMetadataProbeInterval(cc.Duration("metadata-probe-interval")))
 	var reg *prometheus.Registry
 	if cc.String("metrics-addr") != "" {
 		reg = prometheus.NewRegistry()
@@ -225,9 +225,10 @@ func serve(cc *cli.Context) error {
 			tg.Close()
 			return fmt.Errorf("--metrics-addr: %w", err)
 		}
-		metricsSrv = &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
+		metricsSrv = &http.Server{Handler: metricsHandler(reg, tg), ReadHeaderTimeout: 10 * time.Second}
 		go metricsSrv.Serve(ln)
-		log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+		log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics",
+			"health", "http://"+ln.Addr().String()+"/healthz", "ready", "http://"+ln.Addr().String()+"/readyz")
 	}
 	mode := "unpinned (NP-RDMA)"
 	if cc.Bool("pin") {
@@ -260,11 +261,18 @@ func serve(cc *cli.Context) error {
 	log.Info("shutting down: draining and flushing", "timeout", timeout)
 	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	// The metrics server answers until the end (/readyz says "shutting
+	// down"), then is closed at once: waiting for its clients would take
+	// from the bound.
+	err = tg.Shutdown(sctx)
 	if metricsSrv != nil {
-		metricsSrv.Shutdown(sctx)
+		metricsSrv.Close()
 	}
-	if err := tg.Shutdown(sctx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
+	if err != nil {
+		// Steps still running (a device or the metadata store that does
+		// not answer) end with the process. The error says what was and
+		// was not persisted.
+		return err
 	}
 	log.Info("shut down cleanly")
 	return nil
