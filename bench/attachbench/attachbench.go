@@ -1,8 +1,3 @@
-// Package lab (the guest lab) is not in this branch yet: the build tag
-// keeps the experiment out until it is, then this constraint goes.
-
-//go:build nprdma_lab
-
 // Package attachbench is the attach-modes experiment: 4 KiB random reads
 // through each way nprdma-initiator attaches a namespace — ublk, the
 // kernel's NBD client, a loop device over a FUSE file, and the NBD socket

@@ -1,5 +1,3 @@
-//go:build nprdma_lab
-
 package attachbench
 
 import (

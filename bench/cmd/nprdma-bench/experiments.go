@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/nprdma/nprdma/bench"
+	"github.com/nprdma/nprdma/bench/attachbench"
 	"github.com/nprdma/nprdma/bench/blockdevbench"
 	"github.com/nprdma/nprdma/bench/e2ebench"
 	"github.com/nprdma/nprdma/bench/npbench"
@@ -29,5 +30,6 @@ func experiments() []bench.Spec {
 		e2ebench.E2ESpec(bins),
 		npbench.PoolSpec(),
 		e2ebench.StartupSpec(bins),
+		attachbench.Spec(bins),
 	}
 }
