@@ -22,14 +22,7 @@ func (nbdFrontend) Mode() Mode   { return ModeNBD }
 func (nbdFrontend) What() string { return "an NBD socket, no block device" }
 
 func (nbdFrontend) Start(ctx context.Context, b blockio.Backend, cfg Config) (Exposure, error) {
-	opts := []nbd.Option{nbd.WithExportName(cfg.Name), nbd.WithDescription(cfg.Description),
-		// One Flush covers every connection's writes: they all go to the
-		// one backend.
-		nbd.WithMultiConn(true), nbd.WithLogger(cfg.logger())}
-	if cfg.Registerer != nil {
-		opts = append(opts, nbd.WithRegisterer(cfg.Registerer))
-	}
-	srv, err := nbd.NewServer(b, opts...)
+	srv, err := newNBDServer(b, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -67,6 +60,19 @@ func (nbdFrontend) Start(ctx context.Context, b blockio.Backend, cfg Config) (Ex
 		}()
 	}
 	return e, nil
+}
+
+// newNBDServer is the NBD server of both NBD modes: the export is named
+// after the attachment.
+func newNBDServer(b blockio.Backend, cfg Config) (*nbd.Server, error) {
+	opts := []nbd.Option{nbd.WithExportName(cfg.Name), nbd.WithDescription(cfg.Description),
+		// One Flush covers every connection's writes: they all go to the
+		// one backend.
+		nbd.WithMultiConn(true), nbd.WithLogger(cfg.logger())}
+	if cfg.Registerer != nil {
+		opts = append(opts, nbd.WithRegisterer(cfg.Registerer))
+	}
+	return nbd.NewServer(b, opts...)
 }
 
 type nbdExposure struct {

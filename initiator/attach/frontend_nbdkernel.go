@@ -21,14 +21,7 @@ func (nbdKernelFrontend) Mode() Mode   { return ModeNBDKernel }
 func (nbdKernelFrontend) What() string { return "the kernel's NBD client" }
 
 func (nbdKernelFrontend) Start(ctx context.Context, b blockio.Backend, cfg Config) (Exposure, error) {
-	opts := []nbd.Option{nbd.WithExportName(cfg.Name), nbd.WithDescription(cfg.Description),
-		// One Flush covers every connection's writes: they all go to the
-		// one backend.
-		nbd.WithMultiConn(true), nbd.WithLogger(cfg.logger())}
-	if cfg.Registerer != nil {
-		opts = append(opts, nbd.WithRegisterer(cfg.Registerer))
-	}
-	srv, err := nbd.NewServer(b, opts...)
+	srv, err := newNBDServer(b, cfg)
 	if err != nil {
 		return nil, err
 	}
