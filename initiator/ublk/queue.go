@@ -31,6 +31,10 @@ type dataFile interface {
 	WriteAt(p []byte, off int64) (int, error)
 }
 
+// inlineAfter is how many requests in a row must arrive alone before the
+// loop serves them on its own thread.
+const inlineAfter = 8
+
 // eventsTag is the user data of the read of the queue's eventfd; request
 // tags are below maxQueueDepth.
 const eventsTag = 1 << 32
@@ -39,9 +43,9 @@ const eventsTag = 1 << 32
 // OS thread, as the driver requires: the thread that fetched a tag is the
 // only one that may commit it, and the driver completes commands in that
 // thread's task work. The loop fetches every tag, then waits on its ring:
-// a completed fetch is a request, which it serves itself when it is the
-// only one (no wake-up of another thread at queue depth 1) or hands to a
-// worker goroutine; workers queue their results and wake the loop through
+// a completed fetch is a request, which it serves itself while requests
+// come one at a time (no wake-up of another thread at queue depth 1) and
+// otherwise hands to a worker goroutine; workers queue their results and wake the loop through
 // an eventfd, whose read is one more entry in the ring; the loop commits
 // each result with COMMIT_AND_FETCH_REQ, which also fetches the tag's next
 // request. When the device stops, the driver aborts every fetch (-ENODEV),
@@ -61,6 +65,7 @@ type queue struct {
 	evbuf     []byte // the eventfd read's 8 bytes (outside the Go heap)
 
 	busy    int // requests handed to workers, not yet committed (loop only)
+	alone   int // requests in a row that arrived with nothing else in flight (loop only)
 	aborted int // tags whose fetch the driver aborted (loop only)
 
 	mu       sync.Mutex
@@ -70,7 +75,7 @@ type queue struct {
 	work chan uint16  // requests for idle workers
 	idle atomic.Int32 // idle workers not yet handed a request
 
-	served atomic.Uint64 // requests (tests)
+	served, inline atomic.Uint64 // requests, those served on the loop's thread (tests)
 }
 
 type completion struct {
@@ -119,7 +124,17 @@ func (q *queue) run(fetched chan<- error) error {
 				q.aborted++
 			}
 		})
+		// Serve on this thread only while requests come one at a time: a
+		// request served here holds up every request that arrives
+		// meanwhile, which at any queue depth above 1 costs more than
+		// the wake-up of a worker saves.
 		if len(batch) == 1 && q.busy == 0 {
+			q.alone++
+		} else if len(batch) > 0 {
+			q.alone = 0
+		}
+		if len(batch) == 1 && q.busy == 0 && q.alone > inlineAfter {
+			q.inline.Add(1)
 			q.prepare(ioCommitAndFetchReq, batch[0], q.serve(batch[0]))
 		} else {
 			for _, tag := range batch {

@@ -259,8 +259,8 @@ func pattern(n int, seed byte) []byte {
 	return b
 }
 
-// One request at a time (served on the loop's own thread): a FUA write,
-// read back, with the driver copying to and from the tags' buffers.
+// One request at a time: a FUA write, read back, with the driver copying
+// to and from the tags' buffers (or the server, with user copy).
 func TestQueueServesOneRequestAtATime(t *testing.T) {
 	for _, userCopy := range []bool{false, true} {
 		r := startQueue(t, userCopy)
@@ -359,6 +359,41 @@ func TestQueueManyRounds(t *testing.T) {
 				t.Fatalf("round %d tag %d: read back other data", round, tag)
 			}
 		}
+	}
+	r.abortAll(t)
+}
+
+// Requests that come one at a time are served on the loop's own thread
+// once enough of them came so in a row; requests arriving together go to
+// workers, and the next lone one starts the count again.
+func TestQueueServesLoneRequestsOnItsThread(t *testing.T) {
+	r := startQueue(t, false)
+	lone := func(n int) {
+		for i := range n {
+			tag := uint16(i % rigDepth)
+			r.drv.deliver <- []uring.CQE{r.request(tag, opRead, 0, 0, 4096)}
+			if got := r.commits(t, 1); got[tag] != 4096 {
+				t.Fatalf("read committed %v", got)
+			}
+		}
+	}
+	lone(inlineAfter)
+	if n := r.q.inline.Load(); n != 0 {
+		t.Fatalf("%d of the first %d lone requests served on the loop's thread, want none", n, inlineAfter)
+	}
+	lone(4)
+	if n := r.q.inline.Load(); n != 4 {
+		t.Fatalf("%d of the next 4 lone requests served on the loop's thread, want 4", n)
+	}
+	var cqes []uring.CQE
+	for tag := range uint16(rigDepth) {
+		cqes = append(cqes, r.request(tag, opRead, 0, 0, 4096))
+	}
+	r.drv.deliver <- cqes
+	r.commits(t, rigDepth)
+	lone(1)
+	if n := r.q.inline.Load(); n != 4 {
+		t.Fatalf("requests served on the loop's thread: %d after a batch and a lone one, want still 4", n)
 	}
 	r.abortAll(t)
 }

@@ -13,7 +13,7 @@ field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.ar
 attach() { "$I" --hostid-file /dev/shm/hostid attach --daemon --json --target 127.0.0.1:4420 --nqn nqn.2024-01.io.nprdma:default --io-queues 2 --queue-depth 32 "$@"; }
 gone() { for i in $(seq 300); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; return 1; }
 
-for mode in ublk nbd-kernel; do
+for mode in ${MODES:-ublk nbd-kernel}; do
 	name=d-$mode
 	mnt=/mnt/$mode
 	mkdir -p $mnt
