@@ -1,20 +1,23 @@
 // Package attachbench is the attach-modes experiment: 4 KiB random reads
 // through each way nprdma-initiator attaches a namespace — ublk, the
 // kernel's NBD client, a loop device over a FUSE file, and the NBD socket
-// (fio's nbd engine) — in the guest lab, where the kernel has ublk and NBD,
-// with the target in the same guest. Figures are ratios to FUSE+loop
-// measured in the same run, in interleaved rounds.
+// (fio's nbd engine) — in the guest lab, where the kernel has ublk and NBD.
+// Each mode serves an in-memory namespace (memserve), so that the figures
+// compare the attach paths, not the initiator and target behind them.
+// Figures are ratios to FUSE+loop measured in the same run, in interleaved
+// rounds.
 package attachbench
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nprdma/nprdma/bench"
-	"github.com/nprdma/nprdma/bench/e2ebench"
 	"github.com/nprdma/nprdma/lab"
 )
 
@@ -32,22 +35,22 @@ var (
 type Config struct {
 	Rounds  int
 	Runtime time.Duration // of each fio job, after a 1 s ramp
-	Range   int64         // the bytes read at random (resident in the target)
+	Size    int64         // of the in-memory namespace, read at random
 }
 
 // DefaultConfig returns the sizes for a mode: 5 interleaved rounds.
 func DefaultConfig(m bench.Mode) Config {
-	return Config{Rounds: 5, Runtime: bench.ByMode(m, 3*time.Second, 10*time.Second), Range: 32 << 20}
+	return Config{Rounds: 5, Runtime: bench.ByMode(m, 3*time.Second, 10*time.Second), Size: 64 << 20}
 }
 
-// Spec declares the experiment for the suite.
-func Spec(bins *e2ebench.Binaries) bench.Spec {
+// Spec declares the experiment for the suite; repo is the module's root.
+func Spec(repo string) bench.Spec {
 	return bench.Spec{
 		Name:  Name,
 		Title: "Attach modes in the guest lab: ublk vs kernel NBD vs FUSE+loop vs the NBD socket, 4 KiB random reads",
 		Goals: []string{GoalQD1.Text, GoalQD32.Text},
 		Run: func(ctx context.Context, env *bench.Env) (*bench.Experiment, error) {
-			return Measure(ctx, env, bins, DefaultConfig(env.Mode))
+			return Measure(ctx, env, repo, DefaultConfig(env.Mode))
 		},
 	}
 }
@@ -61,69 +64,65 @@ var modes = []struct{ key, label string }{
 	{"nbd", "NBD socket (fio nbd engine)"},
 }
 
-// script attaches the namespace in every mode at once (four controllers of
-// one target, idle but for the one measured), fills the range, and runs
-// the rounds; fio's JSON goes to $LAB_OUT/ROUND-MODE-qdN.json.
+// script serves an in-memory namespace through every mode at once (four
+// memserve processes, idle but for the one measured) and runs the rounds;
+// fio's JSON goes to $LAB_OUT/ROUND-MODE-qdN.json.
 const script = `
-cp "$BIN/nprdma-target" "$BIN/nprdma-initiator" /dev/shm/
-I=/dev/shm/nprdma-initiator
-step "target"
-mkdir -p /dev/shm/target
-/dev/shm/nprdma-target --allow-any-host --data-dir /dev/shm/target --default-size 64MiB --memory 128MiB \
-	--listen 127.0.0.1:4420 --log-level warn >"$LAB_OUT/target.log" 2>&1 &
-TP=$!
-sleep 1
-step "attach"
+cp "$MEMSERVE" /dev/shm/memserve
+step "serve"
+pids=()
 for m in ublk nbd-kernel fuse nbd; do
-	"$I" --hostid-file /dev/shm/hostid attach --daemon --json --mode $m --name b-$m --target 127.0.0.1:4420 \
-		--nqn nqn.2024-01.io.nprdma:default >"$LAB_OUT/attach-$m.json"
+	/dev/shm/memserve -mode $m -size $SIZE -ready /dev/shm/$m.use -run-dir /dev/shm/run-$m >"$LAB_OUT/memserve-$m.log" 2>&1 &
+	pids+=($!)
 done
-use() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('device') or r['uri'])" "$LAB_OUT/attach-$1.json"; }
-step "fill"
-dd if=/dev/urandom of=$(use ublk) bs=1M count=$((RANGE >> 20)) oflag=direct status=none
+for m in ublk nbd-kernel fuse nbd; do
+	for i in $(seq 600); do [ -s /dev/shm/$m.use ] && break; sleep 0.1; done
+	[ -s /dev/shm/$m.use ] || { cat "$LAB_OUT/memserve-$m.log"; exit 1; }
+done
 modes=(ublk nbd-kernel fuse nbd)
 for r in $(seq "$ROUNDS"); do
 	step "round $r"
 	for i in 0 1 2 3; do
 		m=${modes[$(( (i + r - 1) % 4 ))]}
-		if [ $m = nbd ]; then target="--ioengine=nbd --uri=$(use nbd)"; else target="--ioengine=libaio --direct=1 --filename=$(use $m)"; fi
+		use=$(cat /dev/shm/$m.use)
+		if [ $m = nbd ]; then target="--ioengine=nbd --uri=$use"; else target="--ioengine=libaio --direct=1 --filename=$use"; fi
 		for qd in 1 32; do
-			fio --name=$m --rw=randread --bs=4k --iodepth=$qd --size=$RANGE --time_based --runtime="$RUNTIME" --ramp_time=1 \
+			fio --name=$m --rw=randread --bs=4k --iodepth=$qd --size=$SIZE --time_based --runtime="$RUNTIME" --ramp_time=1 \
 				--lat_percentiles=1 $target --output-format=json >"$LAB_OUT/$r-$m-qd$qd.json"
 		done
 	done
 done
-step "detach"
-"$I" detach --all
-kill -TERM $TP
-wait $TP
+step "stop"
+kill -TERM "${pids[@]}"
+for p in "${pids[@]}"; do wait $p; done
 `
 
-// Measure runs the experiment in one guest.
-func Measure(ctx context.Context, env *bench.Env, bins *e2ebench.Binaries, cfg Config) (*bench.Experiment, error) {
-	if cfg.Rounds < 1 || cfg.Runtime < time.Second {
+// Measure runs the experiment in one guest; repo is the module's root, where
+// memserve is built.
+func Measure(ctx context.Context, env *bench.Env, repo string, cfg Config) (*bench.Experiment, error) {
+	if cfg.Rounds < 1 || cfg.Runtime < time.Second || cfg.Size < 1<<20 || cfg.Size%4096 != 0 {
 		return nil, fmt.Errorf("%s: bad config %+v", Name, cfg)
 	}
 	if err := lab.Available(); err != nil {
 		return nil, fmt.Errorf("%s: the guest lab cannot run here: %w", Name, err)
 	}
-	tgt, ini, err := bins.Resolve(ctx, env)
-	if err != nil {
-		return nil, err
+	if repo == "" {
+		return nil, fmt.Errorf("%s: the repository root is unknown: run the bench inside the nprdma repository", Name)
 	}
 	bin, err := os.MkdirTemp(env.ScratchDir, "attach-modes-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(bin)
-	for _, b := range []string{tgt, ini} {
-		if err := os.Symlink(b, filepath.Join(bin, filepath.Base(b))); err != nil {
-			return nil, err
-		}
+	memserve := filepath.Join(bin, "memserve")
+	build := exec.CommandContext(ctx, "go", "build", "-o", memserve, "./bench/attachbench/memserve")
+	build.Dir = repo
+	if msg, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("%s: go build of memserve: %w: %s", Name, err, strings.TrimSpace(string(msg)))
 	}
 	res, err := lab.Run(ctx, lab.Spec{
 		Modules: []string{"ublk_drv", "nbd", "loop", "fuse"},
-		Env: map[string]string{"BIN": bin, "ROUNDS": fmt.Sprint(cfg.Rounds), "RANGE": fmt.Sprint(cfg.Range),
+		Env: map[string]string{"MEMSERVE": memserve, "ROUNDS": fmt.Sprint(cfg.Rounds), "SIZE": fmt.Sprint(cfg.Size),
 			"RUNTIME": fmt.Sprintf("%ds", int(cfg.Runtime/time.Second))},
 		Timeout: time.Duration(cfg.Rounds)*8*(cfg.Runtime+2*time.Second) + 3*time.Minute,
 		Script:  script,
@@ -173,18 +172,20 @@ func Measure(ctx context.Context, env *bench.Env, bins *e2ebench.Binaries, cfg C
 	}
 
 	exp := &bench.Experiment{Name: Name}
-	exp.Method = fmt.Sprintf("In the guest lab (QEMU under TCG, kernel 6.12, 2 vCPUs), nprdma-target serves a 64 MiB namespace "+
-		"with a 128 MiB budget (every page resident: the attach paths are measured, not faults) on the guest's loopback, and "+
-		"nprdma-initiator attaches it four times at once: ublk, nbd-kernel, fuse and nbd (defaults: one queue or connection per "+
-		"CPU). A %s range is filled through ublk first. Each round runs, for each mode in turn (each round starting one mode "+
-		"further on), fio 4 KiB random reads at QD1 then QD32 for %v after a 1 s ramp: libaio with O_DIRECT on the block devices, "+
-		"fio's nbd engine on the NBD socket. The latency is fio's total latency (submission to completion; the kernel's NBD "+
-		"client sends a request inside io_submit, so its completion latency alone would leave out most of its cost). %d rounds; the figures are medians of the rounds. Measured under TCG: only the ratios "+
-		"between modes mean anything, not the absolute figures.",
-		bench.FormatBytes(cfg.Range), cfg.Runtime, cfg.Rounds)
+	exp.Method = fmt.Sprintf("In the guest lab (QEMU under TCG, kernel 6.12, 2 vCPUs), four memserve processes (bench/attachbench/memserve) "+
+		"each serve a %s in-memory namespace (blockio.Memory) through one attach mode, with the frontends nprdma-initiator attach "+
+		"uses and their defaults (one queue or connection per CPU, depth 128): ublk, nbd-kernel, fuse and the NBD socket. An in-memory "+
+		"namespace, not the target: through the initiator and the target each 4 KiB read costs tens of milliseconds of CPU under TCG "+
+		"in either process, the same in every mode, which hides the attach paths' differences. Each round runs, for each mode in "+
+		"turn (each round starting one mode further on), fio 4 KiB random reads over the whole namespace at QD1 then QD32 for %v "+
+		"after a 1 s ramp: libaio with O_DIRECT on the block devices, fio's nbd engine on the NBD socket. The latency is fio's total "+
+		"latency (submission to completion: the kernel's NBD client sends a request inside io_submit, so its completion latency "+
+		"alone would leave out most of its cost). %d rounds; the figures are medians of the rounds. Measured under TCG: only the "+
+		"ratios between modes mean anything, not the absolute figures.",
+		bench.FormatBytes(cfg.Size), cfg.Runtime, cfg.Rounds)
 	exp.AddParam("rounds", cfg.Rounds)
 	exp.AddParam("fio runtime per job", cfg.Runtime)
-	exp.AddParam("range", bench.FormatBytes(cfg.Range))
+	exp.AddParam("namespace (in memory)", bench.FormatBytes(cfg.Size))
 	exp.AddParam("guest boot (this machine's clock)", res.Boot.Round(100*time.Millisecond))
 	fuse := 2
 	median := func(xs []float64) float64 { return xs[bench.MedianIndex(xs)] }
@@ -214,8 +215,8 @@ func Measure(ctx context.Context, env *bench.Env, bins *e2ebench.Binaries, cfg C
 		exp.Note("%s: QD1 p50 spread %.0f%%, QD32 IOPS spread %.0f%% across rounds (max-min over mean).", m.label,
 			100*bench.Spread(p50[i]), 100*bench.Spread(iops[i]))
 	}
-	exp.Note("Measured under TCG in the guest lab, both ends in the guest: an emulated CPU makes every system call, wake-up and " +
-		"copy costlier, and the ratios between modes are what carries over, not the microseconds.")
+	exp.Note("Measured under TCG in the guest lab: an emulated CPU makes every system call, wake-up and copy costlier, and the " +
+		"ratios between modes are what carries over, not the microseconds.")
 	exp.AddSeries(bench.Series{Name: "qd1-p50", Label: "QD1 p50", YUnit: "µs", Points: lat})
 	exp.AddSeries(bench.Series{Name: "qd32-iops", Label: "QD32 IOPS", YUnit: "IOPS", Points: thr})
 	exp.AddPlot(bench.Plot{File: "attach-qd1.svg", Kind: bench.PlotBars, Title: "4 KiB randread QD1 p50 by attach mode (guest, TCG)",

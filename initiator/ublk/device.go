@@ -300,12 +300,14 @@ func (d *Device) newQueue(i int) (*queue, error) {
 		return nil, fmt.Errorf("ublk: queue %d: eventfd: %w", i, err)
 	}
 	d.efds = append(d.efds, efd)
-	return &queue{
+	q := &queue{
 		id: i, depth: c.depth, maxIO: c.maxIO, charFD: int32(d.char.Fd()), ring: ring,
 		descs: descs, bufs: mem[:c.depth*c.maxIO], evbuf: mem[c.depth*c.maxIO:][:8],
 		userCopy: c.userCopy, data: d.char, backend: d.backend, log: c.logger, efd: efd,
-		work: make(chan uint16, c.depth),
-	}, nil
+		work: make(chan handoff, c.depth),
+	}
+	q.serveNanos.Store(int64(time.Millisecond)) // until measured: assume a slow backend
+	return q, nil
 }
 
 func (d *Device) runQueue(q *queue, fetched chan<- error) {
@@ -322,6 +324,8 @@ func (d *Device) runQueue(q *queue, fetched chan<- error) {
 	}
 	err := q.run(fetched)
 	close(q.work)
+	d.cfg.logger.Info("ublk: queue stopped", "queue", q.id, "requests", q.served.Load(), "on its thread", q.inline.Load(),
+		"serve avg", time.Duration(q.serveNanos.Load()), "hand-off avg", time.Duration(q.handoffNanos.Load()))
 	q.ring.Close()
 	if err != nil {
 		d.cfg.logger.Error("ublk: queue loop ended", "queue", q.id, "err", err)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/nprdma/nprdma/initiator/blockio"
@@ -43,9 +44,11 @@ const eventsTag = 1 << 32
 // OS thread, as the driver requires: the thread that fetched a tag is the
 // only one that may commit it, and the driver completes commands in that
 // thread's task work. The loop fetches every tag, then waits on its ring:
-// a completed fetch is a request, which it serves itself while requests
-// come one at a time (no wake-up of another thread at queue depth 1) and
-// otherwise hands to a worker goroutine; workers queue their results and wake the loop through
+// a completed fetch is a request, which it serves itself while the backend
+// answers faster than a worker can be handed a request (a fast backend
+// then costs no wake-up at all), or while requests come one at a time (no
+// wake-up of another thread at queue depth 1), and otherwise hands to a
+// worker goroutine; workers queue their results and wake the loop through
 // an eventfd, whose read is one more entry in the ring; the loop commits
 // each result with COMMIT_AND_FETCH_REQ, which also fetches the tag's next
 // request. When the device stops, the driver aborts every fetch (-ENODEV),
@@ -72,8 +75,12 @@ type queue struct {
 	done     []completion // results of workers, to commit
 	notified bool         // the eventfd was written since the loop last looked
 
-	work chan uint16  // requests for idle workers
+	work chan handoff // requests for idle workers
 	idle atomic.Int32 // idle workers not yet handed a request
+
+	// Moving averages of the time the backend takes to serve a request
+	// and of the time a worker takes to start on one handed to it.
+	serveNanos, handoffNanos atomic.Int64
 
 	served, inline atomic.Uint64 // requests, those served on the loop's thread (tests)
 }
@@ -124,18 +131,21 @@ func (q *queue) run(fetched chan<- error) error {
 				q.aborted++
 			}
 		})
-		// Serve on this thread only while requests come one at a time: a
-		// request served here holds up every request that arrives
-		// meanwhile, which at any queue depth above 1 costs more than
-		// the wake-up of a worker saves.
+		// Serve on this thread when the backend answers faster than a
+		// worker can be handed a request, or while requests come one at
+		// a time. Otherwise a request served here holds up every request
+		// that arrives meanwhile, which costs more than the hand-off.
 		if len(batch) == 1 && q.busy == 0 {
 			q.alone++
 		} else if len(batch) > 0 {
 			q.alone = 0
 		}
-		if len(batch) == 1 && q.busy == 0 && q.alone > inlineAfter {
-			q.inline.Add(1)
-			q.prepare(ioCommitAndFetchReq, batch[0], q.serve(batch[0]))
+		fast := q.serveNanos.Load() < q.handoffNanos.Load()
+		if fast || (len(batch) == 1 && q.busy == 0 && q.alone > inlineAfter) {
+			for _, tag := range batch {
+				q.inline.Add(1)
+				q.prepare(ioCommitAndFetchReq, tag, q.timedServe(tag))
+			}
 		} else {
 			for _, tag := range batch {
 				q.busy++
@@ -180,31 +190,58 @@ func (q *queue) collect() {
 	}
 }
 
+// handoff is a request on its way to a worker.
+type handoff struct {
+	tag  uint16
+	sent int64 // nanotime
+}
+
 // dispatch hands tag to an idle worker, or to a new one.
 func (q *queue) dispatch(tag uint16) {
+	h := handoff{tag, nanotime()}
 	for {
 		n := q.idle.Load()
 		if n <= 0 {
-			go q.worker(tag)
+			go q.worker(h)
 			return
 		}
 		if q.idle.CompareAndSwap(n, n-1) {
-			q.work <- tag
+			q.work <- h
 			return
 		}
 	}
 }
 
-func (q *queue) worker(tag uint16) {
+func (q *queue) worker(h handoff) {
 	for {
-		q.complete(tag, q.serve(tag))
+		ewma(&q.handoffNanos, nanotime()-h.sent)
+		q.complete(h.tag, q.timedServe(h.tag))
 		q.idle.Add(1)
 		var ok bool
-		if tag, ok = <-q.work; !ok {
+		if h, ok = <-q.work; !ok {
 			return
 		}
 	}
 }
+
+// timedServe serves tag and keeps the moving average of serving times.
+func (q *queue) timedServe(tag uint16) int32 {
+	start := nanotime()
+	res := q.serve(tag)
+	ewma(&q.serveNanos, nanotime()-start)
+	return res
+}
+
+// ewma moves a moving average over about 8 samples towards sample;
+// concurrent updates may lose one another, which only slows adaptation.
+func ewma(avg *atomic.Int64, sample int64) {
+	old := avg.Load()
+	avg.Store(old + (sample-old)/8)
+}
+
+var epoch = time.Now()
+
+func nanotime() int64 { return int64(time.Since(epoch)) }
 
 // complete queues a worker's result and wakes the loop, unless it was woken
 // since it last collected.

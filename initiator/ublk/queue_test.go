@@ -172,7 +172,8 @@ func startQueue(t *testing.T, userCopy bool) *queueRig {
 	file := &memFile{data: map[int64][]byte{}}
 	q := &queue{id: 1, depth: rigDepth, maxIO: rigMaxIO, charFD: 99, ring: drv, descs: make([]byte, rigDepth*descSize),
 		bufs: make([]byte, rigDepth*rigMaxIO), evbuf: make([]byte, 8), userCopy: userCopy, data: file, backend: mem,
-		log: slog.New(slog.DiscardHandler), efd: efd, work: make(chan uint16, rigDepth)}
+		log: slog.New(slog.DiscardHandler), efd: efd, work: make(chan handoff, rigDepth)}
+	q.serveNanos.Store(int64(time.Hour)) // workers, unless a test says otherwise
 	r := &queueRig{t: t, q: q, drv: drv, mem: mem, file: file, runErr: make(chan error, 1)}
 	fetched := make(chan error, 1)
 	go func() {
@@ -394,6 +395,38 @@ func TestQueueServesLoneRequestsOnItsThread(t *testing.T) {
 	lone(1)
 	if n := r.q.inline.Load(); n != 4 {
 		t.Fatalf("requests served on the loop's thread: %d after a batch and a lone one, want still 4", n)
+	}
+	r.abortAll(t)
+}
+
+// A backend that answers faster than a worker starts on a request is
+// served on the loop's thread, requests arriving together included; one
+// that slows down goes back to workers.
+func TestQueueServesAFastBackendOnItsThread(t *testing.T) {
+	r := startQueue(t, false)
+	r.q.serveNanos.Store(int64(time.Microsecond))
+	r.q.handoffNanos.Store(int64(time.Hour))
+	batch := func() {
+		var cqes []uring.CQE
+		for tag := range uint16(rigDepth) {
+			cqes = append(cqes, r.request(tag, opRead, 0, int64(tag)*4096, 4096))
+		}
+		r.drv.deliver <- cqes
+		for tag, res := range r.commits(t, rigDepth) {
+			if res != 4096 {
+				t.Fatalf("tag %d: %d", tag, res)
+			}
+		}
+	}
+	batch()
+	if n := r.q.inline.Load(); n != rigDepth {
+		t.Fatalf("%d of %d requests of a fast backend served on the loop's thread", n, rigDepth)
+	}
+	r.q.serveNanos.Store(int64(time.Hour))
+	r.q.handoffNanos.Store(int64(time.Microsecond))
+	batch()
+	if n := r.q.inline.Load(); n != rigDepth {
+		t.Fatalf("%d requests served on the loop's thread after the backend slowed down, want still %d", n, rigDepth)
 	}
 	r.abortAll(t)
 }

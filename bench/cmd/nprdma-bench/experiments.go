@@ -30,6 +30,6 @@ func experiments() []bench.Spec {
 		e2ebench.E2ESpec(bins),
 		npbench.PoolSpec(),
 		e2ebench.StartupSpec(bins),
-		attachbench.Spec(bins),
+		attachbench.Spec(repoRoot()),
 	}
 }
