@@ -38,7 +38,7 @@ const fioBytes = 4 << 20
 
 func TestGuestKernelBlockDevices(t *testing.T) {
 	lab.Require(t)
-	for _, tool := range []string{"fio", "mkfs.ext4", "e2fsck", "blkdiscard", "fstrim", "curl"} {
+	for _, tool := range []string{"fio", "mkfs.ext4", "e2fsck", "blkdiscard", "fstrim"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s on this machine: the guest runs it from here", tool)
 		}

@@ -7,9 +7,17 @@ mkdir -p /dev/shm/target
 /dev/shm/nprdma-target --allow-any-host --data-dir /dev/shm/target --default-size 64MiB --memory 16MiB \
 	--listen 127.0.0.1:4420 --metrics-addr 127.0.0.1:9420 --log-level warn >"$LAB_OUT/target.log" 2>&1 &
 TP=$!
-for i in $(seq 300); do curl -sf 127.0.0.1:9420/metrics >/dev/null && break; kill -0 $TP; sleep 0.1; done
-dsm() { curl -sf 127.0.0.1:9420/metrics | awk '/^nprdma_target_commands_total\{/ && /opcode="dataset-management"/ {s += $NF} END {print s + 0}'; }
-field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$@"; }
+# The target's metrics, with bash's /dev/tcp (no HTTP client needed).
+metrics() {
+	exec 3<>/dev/tcp/127.0.0.1/9420 || return 1
+	printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
+	cat <&3
+	exec 3<&-
+}
+for i in $(seq 300); do metrics >/dev/null 2>&1 && break; kill -0 $TP; sleep 0.1; done
+dsm() { metrics | awk '/^nprdma_target_commands_total\{/ && /opcode="dataset-management"/ {s += $NF} END {print s + 0}'; }
+# field FILE KEY: a string or number field of a one-line JSON record.
+field() { sed -n 's/.*"'"$2"'":"\{0,1\}\([^",}]*\).*/\1/p' "$1"; }
 attach() { "$I" --hostid-file /dev/shm/hostid attach --daemon --json --target 127.0.0.1:4420 --nqn nqn.2024-01.io.nprdma:default --io-queues 2 --queue-depth 32 "$@"; }
 gone() { for i in $(seq 300); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; return 1; }
 
