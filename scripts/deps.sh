@@ -6,9 +6,10 @@ set -euo pipefail
 
 # The guest lab (docs/lab.md) also needs QEMU, a static busybox for its
 # initramfs, xz to unpack the kernel's modules, and the tools guest scripts
-# run from this machine's root: nvme-cli, RDMA (Soft-RoCE) userspace.
+# run from this machine's root: nvme-cli, RDMA (Soft-RoCE) userspace, curl
+# (the NVMe/TCP guest test reads the target's metrics with it).
 packages=(fio nbdkit libnbd-bin fuse3 e2fsprogs util-linux mount procps iproute2
-	qemu-system-x86 busybox-static xz-utils nvme-cli rdma-core ibverbs-utils ibverbs-providers perftest)
+	qemu-system-x86 busybox-static xz-utils nvme-cli rdma-core ibverbs-utils ibverbs-providers perftest curl)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -17,7 +17,7 @@ import (
 	"github.com/nprdma/nprdma/initiator"
 	"github.com/nprdma/nprdma/initiator/attach"
 	"github.com/nprdma/nprdma/initiator/blockio"
-	"github.com/nprdma/nprdma/nprdma"
+	nvmetcp "github.com/nprdma/nprdma/nvme/tcp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -52,7 +52,7 @@ func attachCommand() *cli.Command {
 			"after a restart, I/O fails with EIO from then on, list shows the attachment as lost or namespace-changed,\n" +
 			"and the teardown exits 1 only if writes or trims it acknowledged were never covered by a flush.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address (tcp: host:port)"},
+			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address, host:port (with --transport tcp the port defaults to 4420), or unix:PATH, a target's shared-memory socket on this host (--transport nprdma)"},
 			&cli.StringFlag{Name: "nqn", Aliases: []string{"n"}, Required: true, Usage: "subsystem NQN (see discover)"},
 			&cli.UintFlag{Name: "nsid", Value: 1, Usage: "namespace ID"},
 			&cli.StringFlag{Name: "mode", Value: string(attach.ModeAuto), Usage: "ublk (/dev/ublkbN), nbd-kernel (/dev/nbdN), fuse (FUSE file + /dev/loopN), nbd (NBD socket) or auto"},
@@ -122,16 +122,16 @@ func attachAction(cc *cli.Context) error {
 	return serveAttachment(cc, req)
 }
 
-// session is the controller of an attachment with the device it runs on:
-// closing it closes both.
+// session is the controller of an attachment with its transport: closing
+// it closes both.
 type session struct {
 	*initiator.Controller
-	dev *nprdma.Device
+	release func() // the transport's, after the controller is closed
 }
 
 func (s session) Close() error {
 	err := s.Controller.Close()
-	s.dev.Close()
+	s.release()
 	return err
 }
 
@@ -156,7 +156,7 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 	}
 	rec := attach.Record{
 		Name: req.name, PID: self.PID, ProcStart: self.Start, Started: time.Now().UTC().Truncate(time.Second),
-		Mode: req.mode, Target: cc.String("target"), NQN: cc.String("nqn"), NSID: uint32(cc.Uint("nsid")),
+		Mode: req.mode, Target: targetAddr(cc, nvmetcp.Port), NQN: cc.String("nqn"), NSID: uint32(cc.Uint("nsid")),
 		LogFile: os.Getenv(envDaemonLog),
 	}
 	var reg *prometheus.Registry
@@ -207,7 +207,7 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 		<-watchDone // a signal it took is in requests now
 	}
 
-	if err := setUp(setupCtx, cc, a, frontend, log, reg); err != nil {
+	if err := setUp(setupCtx, cc, a, frontend, log, reg, say); err != nil {
 		endSetup()
 		a.Abort()
 		if len(requests) > 0 {
@@ -237,7 +237,7 @@ func teardownRequest(s os.Signal) attach.Request {
 }
 
 // setUp connects and exposes the namespace in the requested mode.
-func setUp(ctx context.Context, cc *cli.Context, a *attach.Attachment, frontend attach.Frontend, log *slog.Logger, reg *prometheus.Registry) error {
+func setUp(ctx context.Context, cc *cli.Context, a *attach.Attachment, frontend attach.Frontend, log *slog.Logger, reg *prometheus.Registry, say func(string)) error {
 	rec := a.Record()
 	opts := append(hostOptions(cc, log), initiator.WithQueueDepth(cc.Int("queue-depth")), initiator.WithControllerLossTimeout(cc.Duration("ctrl-loss-timeout")),
 		initiator.WithKeepAlive(cc.Duration("keep-alive")), initiator.WithOneSidedReads(!cc.Bool("two-sided")))
@@ -247,23 +247,27 @@ func setUp(ctx context.Context, cc *cli.Context, a *attach.Attachment, frontend 
 	if reg != nil {
 		opts = append(opts, initiator.WithMetrics(reg))
 	}
-	dev, err := newDevice(cc)
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ch, err := chooseTransport(cctx, cc, rec.Target, rec.NQN, opts)
 	if err != nil {
+		cancel()
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	c, err := initiator.Connect(cctx, dev, rec.Target, rec.NQN, opts...)
+	if ch.reason != "" {
+		say(ch.reason)
+	}
+	c, err := initiator.ConnectOver(cctx, ch.tr, ch.addr, rec.NQN, opts...)
 	cancel()
 	if err != nil {
-		dev.Close()
+		ch.release()
 		return err
 	}
 	ns, err := c.Namespace(ctx, rec.NSID)
 	if err != nil {
-		session{c, dev}.Close()
+		session{c, ch.release}.Close()
 		return err
 	}
-	a.Connected(session{c, dev}, ns)
+	a.Connected(session{c, ch.release}, ns)
 
 	var backend blockio.Backend = ns
 	if reg != nil {

@@ -27,6 +27,9 @@ type Namespace interface {
 	// NSID; Change says since when and why.
 	Changed() <-chan struct{}
 	Change() (since time.Time, err error)
+	// Resized receives when the target grew the namespace (Size says to
+	// what).
+	Resized() <-chan struct{}
 }
 
 // Controller is what an attachment needs of its controller
@@ -153,6 +156,9 @@ func (a *Attachment) Run(ctx context.Context, requests <-chan Request) error {
 			continue
 		case <-a.ns.LossReported():
 			a.notePossiblyLost()
+			continue
+		case <-a.ns.Resized():
+			a.noteResized()
 			continue
 		}
 		how := "detaching"
@@ -288,6 +294,30 @@ func (a *Attachment) notePossiblyLost() {
 	}
 	a.sayf("%s: %s that it had acknowledged were not flushed when the target restarted without a clean shutdown, and may be lost; it serves on",
 		a.rec.Name, Changes(u.Commands, u.Bytes))
+}
+
+// noteResized follows the namespace when the target grew it, where the
+// frontend can (Resizer: the fuse mode grows its FUSE file and loop device,
+// and a mounted file system can then be grown with resize2fs); elsewhere
+// the device keeps its size until the next attach (an NBD export keeps the
+// size its clients negotiated: NBD has no way to tell them). The record
+// says the size served.
+func (a *Attachment) noteResized() {
+	size := a.ns.Size()
+	r, ok := a.exp.(Resizer)
+	if !ok {
+		a.sayf("%s: the target grew the namespace to %s; %s stays %s until it is attached again", a.rec.Name, HumanSize(size), a.rec.Use(), HumanSize(a.rec.Size))
+		return
+	}
+	if err := r.Resize(); err != nil {
+		a.sayf("%s: the target grew the namespace to %s, but the device could not follow: %v", a.rec.Name, HumanSize(size), err)
+		return
+	}
+	a.rec.Size = size
+	if err := a.dir.Save(a.rec); err != nil {
+		a.say(err.Error())
+	}
+	a.sayf("%s: the target grew the namespace: %s is %s now", a.rec.Name, a.rec.Use(), HumanSize(size))
 }
 
 // noteDeath records that the attachment's I/O fails for good, if it does

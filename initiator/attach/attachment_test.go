@@ -34,6 +34,7 @@ func (n *fakeNamespace) Unflushed() initiator.Unflushed {
 func (n *fakeNamespace) PossiblyLost() initiator.Unflushed { return initiator.Unflushed{} }
 func (n *fakeNamespace) LossReported() <-chan struct{}     { return n.lossReported }
 func (n *fakeNamespace) Changed() <-chan struct{}          { return n.changed }
+func (n *fakeNamespace) Resized() <-chan struct{}          { return nil }
 func (n *fakeNamespace) Change() (time.Time, error)        { return time.Time{}, nil }
 
 type fakeController struct {

@@ -87,6 +87,13 @@ type Exposure interface {
 	Failed() <-chan error
 }
 
+// A Resizer is an Exposure that follows its backend when the backend grows
+// (the target grew the namespace): Resize makes the device as large as the
+// backend is now.
+type Resizer interface {
+	Resize() error
+}
+
 // RefusedError is returned by Exposure.Detach when it refused to detach and
 // changed nothing (the device is mounted, or held open elsewhere).
 type RefusedError struct{ Err error }

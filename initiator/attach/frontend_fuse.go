@@ -66,6 +66,10 @@ func (e *fuseExposure) Detach(force bool) error {
 
 func (e *fuseExposure) Failed() <-chan error { return nil }
 
+// Resize grows the FUSE file and the loop device to the backend's size
+// (fuseblk.Attachment.Resize).
+func (e *fuseExposure) Resize() error { return e.fa.Resize() }
+
 // Reap releases the loop device if it is still bound to the dead FUSE file
 // and unmounts the dead FUSE mount.
 func (fuseFrontend) Reap(d *Dir, rec Record, force bool) ([]string, error) {
