@@ -22,6 +22,7 @@ type queueConn struct {
 	q     *fabric.ControllerQueue
 	admin bool
 	ctrl  atomic.Pointer[controller]
+	auth  queueAuth // in-band authentication (auth.go)
 
 	// The queue's workers (see handle). idle counts the workers parked on
 	// work or about to be, less the commands waiting in work.
@@ -174,6 +175,9 @@ func (qc *queueConn) execute(w *worker, r *fabric.Request) (string, result) {
 	if cmd.IsFabrics() && cmd.FabricsType() == nvme.FabricsConnect {
 		return name, result{err: nvme.Errorf(nvme.StatusInvalidOpcode.WithDNR(), "queue %d is connected already", qc.q.QID())}
 	}
+	if res, done := qc.authGate(c, r); done {
+		return name, res
+	}
 	if qc.admin {
 		return name, c.admin(r)
 	}
@@ -299,13 +303,13 @@ func (qc *queueConn) connectAdmin(p nvme.ConnectParams, d nvme.ConnectData, sub 
 		t.replace(c, d.Replaces)
 		t.fenceLost(sub, d.HostNQN)
 	}
-	qc.q.QP().SetAccessTag(c.tag)
+	atr := qc.requireAuth(c)
 	qc.ctrl.Store(c)
 	c.mu.Lock()
 	c.armKeepAliveLocked()
 	c.mu.Unlock()
 	t.log.Info("target: controller created", "cntlid", c.id, "subsystem", c.subNQN(), "host", c.hostNQN,
-		"from", qc.q.RemoteAddr(), "kato", kato)
+		"from", qc.q.RemoteAddr(), "kato", kato, "authenticate", atr)
 	// The host may have gone already (its queue pair failed before we bound
 	// the queue to the controller): then nothing else would tear it down.
 	select {
@@ -313,7 +317,7 @@ func (qc *queueConn) connectAdmin(p nvme.ConnectParams, d nvme.ConnectData, sub 
 		c.teardown("admin queue lost during connect")
 	default:
 	}
-	return result{dw0: nvme.ConnectResponse{CNTLID: c.id}.DW0()}
+	return result{dw0: nvme.ConnectResponse{CNTLID: c.id, AuthRequired: atr}.DW0()}
 }
 
 func (qc *queueConn) connectIO(p nvme.ConnectParams, d nvme.ConnectData, sub *Subsystem) result {
@@ -338,9 +342,9 @@ func (qc *queueConn) connectIO(p nvme.ConnectParams, d nvme.ConnectData, sub *Su
 		return result{err: nvme.Errorf(nvme.StatusCommandSequenceError.WithDNR(), "queue %d of controller %d is connected already", p.QID, c.id)}
 	}
 	c.ioQueues[p.QID] = qc
-	qc.q.QP().SetAccessTag(c.tag)
+	atr := qc.requireAuth(c)
 	qc.ctrl.Store(c)
-	return result{dw0: nvme.ConnectResponse{CNTLID: c.id}.DW0()}
+	return result{dw0: nvme.ConnectResponse{CNTLID: c.id, AuthRequired: atr}.DW0()}
 }
 
 // replace stops the controller ref names if the host of c gave it up

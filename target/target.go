@@ -69,6 +69,8 @@ type config struct {
 	pinnedBudget   int64
 	busyPoll       time.Duration
 	fenceTimeout   time.Duration
+	keyring        Keyring
+	authTimeout    time.Duration
 }
 
 // WithProvider sets the nprdma provider (default nprdma/tcp).
@@ -193,6 +195,7 @@ func New(opts ...Option) (*Target, error) {
 		maxTransfer:    DefaultMaxTransferBytes,
 		icd:            DefaultInCapsuleData,
 		fenceTimeout:   DefaultFenceTimeout,
+		authTimeout:    DefaultAuthTimeout,
 	}
 	for _, o := range opts {
 		o(&cfg)

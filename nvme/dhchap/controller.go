@@ -155,16 +155,31 @@ func (c *Controller) Result() Result {
 	return Result{Hash: c.t.hash, DHGroup: c.t.group, Bidirectional: c.t.c2 != nil}
 }
 
+// Event is what a Send or Receive did to the transaction.
+type Event int
+
+const (
+	// EventNone: the transaction goes on (or nothing happened).
+	EventNone Event = iota
+	// EventSucceeded: the transaction completed; the queue is
+	// authenticated.
+	EventSucceeded
+	// EventFailed: the transaction ended in failure (Err says why); the
+	// queue is not authenticated.
+	EventFailed
+)
+
 // Send takes the data of an Authentication Send. It fails only when msg
 // has no header (the command's data is too short to be a message); a
 // message the protocol refuses is answered by the next Receive.
-func (c *Controller) Send(msg []byte) error {
+func (c *Controller) Send(msg []byte) (Event, error) {
 	h, err := PeekHeader(msg)
 	if err != nil {
-		return err
+		return EventNone, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	before := c.step
 	switch {
 	case h.ID == MsgNegotiate && h.Type == AuthTypeCommon:
 		c.negotiate(msg)
@@ -182,7 +197,20 @@ func (c *Controller) Send(msg []byte) error {
 	default:
 		c.fail(ExplanationIncorrectMessage)
 	}
-	return nil
+	return c.event(before), nil
+}
+
+// event is what moving from step before to the current one means.
+func (c *Controller) event(before step) Event {
+	switch {
+	case c.step == before:
+		return EventNone
+	case c.step == stepDone:
+		return EventSucceeded
+	case c.step == stepFailed:
+		return EventFailed
+	}
+	return EventNone
 }
 
 // Receive returns the message for an Authentication Receive of al bytes:
@@ -190,15 +218,16 @@ func (c *Controller) Send(msg []byte) error {
 // zeros to al. With nothing to say (no transaction, or one that ended) it
 // is ErrSequence. An al too short for the message is an error that leaves
 // the transaction as it was.
-func (c *Controller) Receive(al int) ([]byte, error) {
+func (c *Controller) Receive(al int) ([]byte, Event, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	before, wasAuthenticated := c.step, c.authenticated
 	var msg []byte
 	switch c.step {
 	case stepChallenge:
 		m, err := c.challenge()
 		if err != nil {
-			return nil, err
+			return nil, EventNone, err
 		}
 		msg = m
 	case stepSuccess1:
@@ -210,14 +239,18 @@ func (c *Controller) Receive(al int) ([]byte, error) {
 	case stepFailure1:
 		msg = (&Failure{ID: MsgFailure1, TID: c.t.tid, Reason: ReasonFailed, Explanation: c.failure}).Marshal()
 	case stepReply, stepSuccess2:
-		// The host asks for a message while it should send one.
+		// The host asks for a message while it should send one: the
+		// transaction fails, and this Receive says so.
 		c.fail(ExplanationIncorrectMessage)
 		msg = (&Failure{ID: MsgFailure1, TID: c.t.tid, Reason: ReasonFailed, Explanation: c.failure}).Marshal()
 	default:
-		return nil, fmt.Errorf("%w: no authentication transaction to answer", ErrSequence)
+		return nil, EventNone, fmt.Errorf("%w: no authentication transaction to answer", ErrSequence)
 	}
 	if al < len(msg) {
-		return nil, fmt.Errorf("dhchap: allocation of %d bytes for a %d-byte %v", al, len(msg), MessageID(msg[1]))
+		if before != c.step {
+			c.step, c.authenticated = before, wasAuthenticated
+		}
+		return nil, EventNone, fmt.Errorf("dhchap: allocation of %d bytes for a %d-byte %v", al, len(msg), MessageID(msg[1]))
 	}
 	switch c.step {
 	case stepChallenge:
@@ -235,7 +268,7 @@ func (c *Controller) Receive(al int) ([]byte, error) {
 	}
 	out := make([]byte, al)
 	copy(out, msg)
-	return out, nil
+	return out, c.event(before), nil
 }
 
 // negotiate starts a transaction.

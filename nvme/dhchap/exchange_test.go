@@ -16,18 +16,26 @@ const (
 // direct carries a host's messages straight to a Controller, recording
 // what went by.
 type direct struct {
-	c    *Controller
-	sent []MessageID
-	got  []MessageID
+	c      *Controller
+	sent   []MessageID
+	got    []MessageID
+	events []Event // the events other than EventNone
 }
 
 func (d *direct) Send(_ context.Context, msg []byte) error {
 	d.sent = append(d.sent, MessageID(msg[1]))
-	return d.c.Send(msg)
+	ev, err := d.c.Send(msg)
+	if ev != EventNone {
+		d.events = append(d.events, ev)
+	}
+	return err
 }
 
 func (d *direct) Receive(_ context.Context, al int) ([]byte, error) {
-	b, err := d.c.Receive(al)
+	b, ev, err := d.c.Receive(al)
+	if ev != EventNone {
+		d.events = append(d.events, ev)
+	}
 	if err == nil {
 		d.got = append(d.got, MessageID(b[1]))
 	}
@@ -86,6 +94,9 @@ func TestHostAndControllerAgree(t *testing.T) {
 					if bidi {
 						wantSent = append(wantSent, MsgSuccess2)
 					}
+					if fmt.Sprint(x.events) != fmt.Sprint([]Event{EventSucceeded}) {
+						t.Fatalf("controller events %v, want one success", x.events)
+					}
 					if fmt.Sprint(x.sent) != fmt.Sprint(wantSent) || fmt.Sprint(x.got) != fmt.Sprint([]MessageID{MsgChallenge, MsgSuccess1}) {
 						t.Fatalf("sent %v got %v", x.sent, x.got)
 					}
@@ -103,8 +114,8 @@ func TestWrongHostSecretIsRejected(t *testing.T) {
 	if !errors.Is(err, ErrRejected) {
 		t.Fatalf("wrong secret: %v, want ErrRejected", err)
 	}
-	if c.Authenticated() || c.Err() == nil {
-		t.Fatalf("controller: authenticated %v, err %v", c.Authenticated(), c.Err())
+	if c.Authenticated() || c.Err() == nil || fmt.Sprint(x.events) != fmt.Sprint([]Event{EventFailed}) {
+		t.Fatalf("controller: authenticated %v, err %v, events %v", c.Authenticated(), c.Err(), x.events)
 	}
 	// Another host NQN with the right secret is wrong too: the NQN is in
 	// the transformation and the response.
@@ -205,9 +216,9 @@ func TestControllerOutOfSequence(t *testing.T) {
 	neg, _ := (&Negotiate{TID: 4, Hashes: []HashID{HashSHA256}, DHGroups: []DHGroupID{DHGroupNull}}).Marshal()
 	expectFailure1 := func(t *testing.T, c *Controller, want Explanation) {
 		t.Helper()
-		b, err := c.Receive(ReceiveLength)
-		if err != nil {
-			t.Fatal(err)
+		b, ev, err := c.Receive(ReceiveLength)
+		if err != nil || ev != EventFailed {
+			t.Fatalf("failure1: event %v, %v", ev, err)
 		}
 		var f Failure
 		if err := f.Unmarshal(b); err != nil || f.ID != MsgFailure1 || f.Explanation != want {
@@ -216,12 +227,12 @@ func TestControllerOutOfSequence(t *testing.T) {
 		if c.Authenticated() || c.Err() == nil {
 			t.Fatal("a failed transaction left the queue authenticated or without an error")
 		}
-		if _, err := c.Receive(ReceiveLength); !errors.Is(err, ErrSequence) {
+		if _, _, err := c.Receive(ReceiveLength); !errors.Is(err, ErrSequence) {
 			t.Fatalf("a Receive after the failure: %v, want ErrSequence", err)
 		}
 	}
 	t.Run("receive first", func(t *testing.T) {
-		if _, err := newC().Receive(ReceiveLength); !errors.Is(err, ErrSequence) {
+		if _, _, err := newC().Receive(ReceiveLength); !errors.Is(err, ErrSequence) {
 			t.Fatalf("%v, want ErrSequence", err)
 		}
 	})
@@ -259,15 +270,15 @@ func TestControllerOutOfSequence(t *testing.T) {
 	t.Run("short allocation", func(t *testing.T) {
 		c := newC()
 		c.Send(neg)
-		if _, err := c.Receive(20); err == nil {
+		if _, _, err := c.Receive(20); err == nil {
 			t.Fatal("a 20-byte allocation took a 48-byte challenge")
 		}
-		if b, err := c.Receive(ReceiveLength); err != nil || MessageID(b[1]) != MsgChallenge || len(b) != ReceiveLength {
+		if b, _, err := c.Receive(ReceiveLength); err != nil || MessageID(b[1]) != MsgChallenge || len(b) != ReceiveLength {
 			t.Fatalf("the challenge after a short allocation: %v", err)
 		}
 	})
 	t.Run("no header", func(t *testing.T) {
-		if err := newC().Send([]byte{0, 0, 0}); err == nil {
+		if _, err := newC().Send([]byte{0, 0, 0}); err == nil {
 			t.Fatal("a 3-byte message accepted")
 		}
 	})

@@ -117,8 +117,8 @@ func FuzzController(f *testing.F) {
 		c := NewController(testHost, testSub, fixedCreds(Credentials{Host: secret, Controller: secret}),
 			WithDHGroups(DHGroupNull), WithRand(bytes.NewReader(bytes.Repeat([]byte{0x5a}, 1<<16))))
 		for _, m := range splitMessages(b) {
-			_ = c.Send(m)
-			if out, err := c.Receive(ReceiveLength); err == nil && len(out) != ReceiveLength {
+			_, _ = c.Send(m)
+			if out, _, err := c.Receive(ReceiveLength); err == nil && len(out) != ReceiveLength {
 				t.Fatalf("answer of %d bytes for an allocation of %d", len(out), ReceiveLength)
 			}
 			if c.Authenticated() {

@@ -1,0 +1,290 @@
+package target_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nprdma/nprdma/internal/promtest"
+	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/nvme"
+	"github.com/nprdma/nprdma/nvme/dhchap"
+	"github.com/nprdma/nprdma/nvme/fabric"
+	"github.com/nprdma/nprdma/target"
+)
+
+// testKeyring is a Keyring whose secrets a test replaces.
+type testKeyring struct {
+	mu    sync.Mutex
+	creds map[string]dhchap.Credentials // by host NQN
+}
+
+func (k *testKeyring) DHCHAP(sub, host string) (dhchap.Credentials, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	c, ok := k.creds[host]
+	return c, ok
+}
+
+func (k *testKeyring) set(host string, c dhchap.Credentials) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.creds[host] = c
+}
+
+// queueExchanger carries DH-HMAC-CHAP messages over a host queue.
+type queueExchanger struct{ q *fabric.HostQueue }
+
+func (x queueExchanger) Send(ctx context.Context, msg []byte) error {
+	_, err := x.q.Submit(ctx, nvme.AuthSendCommand(uint32(len(msg)), nvme.NullSGL()), msg)
+	return err
+}
+
+func (x queueExchanger) Receive(ctx context.Context, al int) ([]byte, error) {
+	b := make([]byte, al)
+	_, err := x.q.Submit(ctx, nvme.AuthReceiveCommand(uint32(al), nvme.NullSGL()), b)
+	return b, err
+}
+
+func secret(t testing.TB) *dhchap.Secret {
+	t.Helper()
+	s, err := dhchap.GenerateSecret(dhchap.HashSHA256, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+type authRig struct {
+	*adminRig
+	keys *testKeyring
+	log  *syncBuffer
+}
+
+func newAuthRig(t *testing.T, opts ...target.Option) *authRig {
+	f := loop.NewFabric()
+	keys := &testKeyring{creds: map[string]dhchap.Credentials{}}
+	log := &syncBuffer{}
+	opts = append([]target.Option{target.WithKeyring(keys), target.WithLogger(slog.New(slog.NewTextHandler(log, nil)))}, opts...)
+	r := newRig(t, loop.New(loop.WithFabric(f)), loop.New(loop.WithFabric(f)), "auth-test", nil, opts...)
+	return &authRig{adminRig: r, keys: keys, log: log}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func authenticate(t *testing.T, q *fabric.HostQueue, host, ctrl *dhchap.Secret) error {
+	t.Helper()
+	h, err := dhchap.NewHost(hostNQN, subNQN, host, ctrl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.Authenticate(context.Background(), queueExchanger{q}, 1)
+	return err
+}
+
+func enable(t *testing.T, q *fabric.HostQueue) {
+	t.Helper()
+	cc := nvme.CC{EN: true, IOSQES: 6, IOCQES: 4}
+	if _, err := q.Submit(context.Background(), mc(t)(nvme.PropertySetCommand(nvme.PropCC, 4, uint64(cc.Encode()))), nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAuthenticationRequiredBeforeAnything connects a host that has a
+// secret: Connect answers ATR, every command but Authentication Send and
+// Receive gets Authentication Required (DNR) on the admin and the I/O
+// queue until the queue authenticated, bidirectionally, and everything
+// works after.
+func TestAuthenticationRequiredBeforeAnything(t *testing.T) {
+	r := newAuthRig(t)
+	host, ctrl := secret(t), secret(t)
+	r.keys.set(hostNQN, dhchap.Credentials{Host: host, Controller: ctrl})
+	q := r.dial(t, 0, 0)
+	cqe, err := connectCmd(t, q, subNQN, nvme.DynamicControllerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := nvme.DecodeConnectResponse(cqe.DW0)
+	if !resp.AuthRequired {
+		t.Fatalf("connect response %+v: no ATR for a host with a secret", resp)
+	}
+	ctx := context.Background()
+	for name, cmd := range map[string]nvme.Command{
+		"property get":      mc(t)(nvme.PropertyGetCommand(nvme.PropCAP, 8)),
+		"property set":      mc(t)(nvme.PropertySetCommand(nvme.PropCC, 4, 1)),
+		"keep alive":        nvme.KeepAliveCommand(),
+		"identify":          nvme.IdentifyCommand(nvme.CNSController, 0, nvme.NullSGL()),
+		"region descriptor": nvme.NPGetRegionDescriptorCommand(3, nvme.NullSGL()),
+	} {
+		var data []byte
+		if cmd.Direction() == nvme.ControllerToHost {
+			data = make([]byte, 4096)
+			if cmd.Opcode == nvme.AdminNPGetRegionDescriptor {
+				data = make([]byte, nvme.RegionDescriptorSize)
+			}
+		}
+		_, err := q.Submit(ctx, cmd, data)
+		if se := wantStatus(t, err, nvme.StatusAuthenticationRequired); !se.Status.DNR() {
+			t.Fatalf("%s: %v without DNR", name, err)
+		}
+		if !bytes.Equal(data, make([]byte, len(data))) {
+			t.Fatalf("%s: data came back before authentication", name)
+		}
+	}
+	if err := authenticate(t, q, host, ctrl); err != nil {
+		t.Fatal(err)
+	}
+	enable(t, q)
+	if _, err := q.Submit(ctx, nvme.NPGetRegionDescriptorCommand(3, nvme.NullSGL()), make([]byte, nvme.RegionDescriptorSize)); err != nil {
+		t.Fatalf("region descriptor after authentication: %v", err)
+	}
+	if _, err := q.Submit(ctx, nvme.SetFeaturesCommand(nvme.FeatureNumberOfQueues, 0, false), nil); err != nil {
+		t.Fatal(err)
+	}
+	io := r.dial(t, 1, 8192)
+	cqe, err = connectCmd(t, io, subNQN, resp.CNTLID)
+	if err != nil || !nvme.DecodeConnectResponse(cqe.DW0).AuthRequired {
+		t.Fatalf("I/O connect: %#x %v, want ATR", cqe.DW0, err)
+	}
+	buf := make([]byte, 4096)
+	_, err = io.Submit(ctx, mc(t)(nvme.ReadCommand(3, 0, 1, 0, nvme.NullSGL())), buf)
+	wantStatus(t, err, nvme.StatusAuthenticationRequired)
+	if err := authenticate(t, io, host, ctrl); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Submit(ctx, mc(t)(nvme.ReadCommand(3, 0, 1, 0, nvme.NullSGL())), buf); err != nil {
+		t.Fatalf("read after authentication: %v", err)
+	}
+	if got := promtest.Sum(t, r.reg, "nprdma_target_authentications_total"); got != 2 {
+		t.Fatalf("authentications_total %v, want 2", got)
+	}
+	if strings.Contains(r.log.String(), host.Encode()[10:30]) || strings.Contains(r.log.String(), ctrl.Encode()[10:30]) {
+		t.Fatal("a secret is in the log")
+	}
+}
+
+// TestFailedAuthenticationTearsControllerDown: a wrong secret gets
+// AUTH_Failure1, the controller goes, nothing was served, and the log names
+// the host without any secret.
+func TestFailedAuthenticationTearsControllerDown(t *testing.T) {
+	r := newAuthRig(t)
+	right := secret(t)
+	r.keys.set(hostNQN, dhchap.Credentials{Host: right})
+	q := r.dial(t, 0, 0)
+	if _, err := connectCmd(t, q, subNQN, nvme.DynamicControllerID); err != nil {
+		t.Fatal(err)
+	}
+	wrong := secret(t)
+	if err := authenticate(t, q, wrong, nil); !errors.Is(err, dhchap.ErrRejected) {
+		t.Fatalf("wrong secret: %v, want dhchap.ErrRejected", err)
+	}
+	waitFor(t, "the controller torn down", func() bool { return r.tg.Controllers() == 0 })
+	<-q.Done()
+	if got := promtest.Sum(t, r.reg, "nprdma_target_authentications_total"); got != 1 {
+		t.Fatalf("authentications_total %v, want 1 (a failure)", got)
+	}
+	log := r.log.String()
+	if !strings.Contains(log, "host failed to authenticate") || !strings.Contains(log, hostNQN) {
+		t.Fatalf("no warning naming the host in %q", log)
+	}
+	for _, s := range []*dhchap.Secret{right, wrong} {
+		if strings.Contains(log, s.Encode()[10:30]) {
+			t.Fatal("a secret is in the log")
+		}
+	}
+}
+
+// TestUnauthenticatedQueueTimesOut: a host that connects and never
+// authenticates loses its controller after the authentication timeout.
+func TestUnauthenticatedQueueTimesOut(t *testing.T) {
+	r := newAuthRig(t, target.WithAuthTimeout(200*time.Millisecond))
+	r.keys.set(hostNQN, dhchap.Credentials{Host: secret(t)})
+	q := r.dial(t, 0, 0)
+	if _, err := connectCmd(t, q, subNQN, nvme.DynamicControllerID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the controller torn down", func() bool { return r.tg.Controllers() == 0 })
+	<-q.Done()
+	if !strings.Contains(r.log.String(), "did not authenticate in time") {
+		t.Fatal("no warning")
+	}
+}
+
+// TestReauthenticationUsesReplacedSecret: an authenticated queue keeps
+// working after its host's secret is replaced; a re-authentication with the
+// new secret succeeds, one with the old secret fails and ends the
+// controller.
+func TestReauthenticationUsesReplacedSecret(t *testing.T) {
+	r := newAuthRig(t)
+	old := secret(t)
+	r.keys.set(hostNQN, dhchap.Credentials{Host: old})
+	q := r.dial(t, 0, 0)
+	if _, err := connectCmd(t, q, subNQN, nvme.DynamicControllerID); err != nil {
+		t.Fatal(err)
+	}
+	if err := authenticate(t, q, old, nil); err != nil {
+		t.Fatal(err)
+	}
+	enable(t, q)
+	replaced := secret(t)
+	r.keys.set(hostNQN, dhchap.Credentials{Host: replaced})
+	if _, err := q.Submit(context.Background(), nvme.KeepAliveCommand(), nil); err != nil {
+		t.Fatalf("an authenticated queue after the replacement: %v", err)
+	}
+	if err := authenticate(t, q, replaced, nil); err != nil {
+		t.Fatalf("re-authentication with the new secret: %v", err)
+	}
+	if err := authenticate(t, q, old, nil); !errors.Is(err, dhchap.ErrRejected) {
+		t.Fatalf("re-authentication with the old secret: %v", err)
+	}
+	_, err := q.Submit(context.Background(), nvme.KeepAliveCommand(), nil)
+	if !errors.Is(err, nvme.StatusAuthenticationRequired) && !errors.Is(err, fabric.ErrQueueFailed) {
+		t.Fatalf("after a failed re-authentication: %v", err)
+	}
+	waitFor(t, "the controller torn down", func() bool { return r.tg.Controllers() == 0 })
+	if got := promtest.Sum(t, r.reg, "nprdma_target_authentications_total"); got != 3 {
+		t.Fatalf("authentications_total %v, want 3", got)
+	}
+}
+
+// TestHostWithoutSecretConnectsWithoutATR: hosts the keyring has no secret
+// for are admitted as before.
+func TestHostWithoutSecretConnectsWithoutATR(t *testing.T) {
+	r := newAuthRig(t)
+	q, _ := r.adminController(t)
+	cqe, err := q.Submit(context.Background(), nvme.IdentifyCommand(nvme.CNSController, 0, nvme.NullSGL()), make([]byte, 4096))
+	if err != nil {
+		t.Fatalf("identify: %#x %v", cqe.DW0, err)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
