@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/internal/promtest"
+	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/dhchap"
@@ -286,5 +287,82 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestImpostorIOQueueGetsNothing: a peer that claims an authenticated
+// host's NQN joins an I/O queue to that host's controller (a queue ID the
+// host left free) without the secret: its Read gets Authentication
+// Required, and a one-sided READ with the host's own rkey on its queue
+// pair is a remote access error; nothing lands in its buffers. The same
+// key works on the host's authenticated queue.
+func TestImpostorIOQueueGetsNothing(t *testing.T) {
+	r := newAuthRig(t)
+	host := secret(t)
+	r.keys.set(hostNQN, dhchap.Credentials{Host: host})
+	ctx := context.Background()
+	admin := r.dial(t, 0, 0)
+	cqe, err := connectCmd(t, admin, subNQN, nvme.DynamicControllerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cntlid := nvme.DecodeConnectResponse(cqe.DW0).CNTLID
+	if err := authenticate(t, admin, host, nil); err != nil {
+		t.Fatal(err)
+	}
+	enable(t, admin)
+	nq, _ := nvme.NumberOfQueues{Submission: 2, Completion: 2}.Encode()
+	if _, err := admin.Submit(ctx, nvme.SetFeaturesCommand(nvme.FeatureNumberOfQueues, nq, false), nil); err != nil {
+		t.Fatal(err)
+	}
+	raw := make([]byte, nvme.RegionDescriptorSize)
+	if _, err := admin.Submit(ctx, nvme.NPGetRegionDescriptorCommand(3, nvme.NullSGL()), raw); err != nil {
+		t.Fatal(err)
+	}
+	desc, err := nvme.ParseRegionDescriptor(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io1 := r.dial(t, 1, 8192)
+	if _, err := connectCmd(t, io1, subNQN, cntlid); err != nil {
+		t.Fatal(err)
+	}
+	if err := authenticate(t, io1, host, nil); err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("secret data!"), 4096/12+1)[:4096]
+	if _, err := io1.Submit(ctx, mc(t)(nvme.WriteCommand(3, 0, 1, 0, nvme.NullSGL())), data); err != nil {
+		t.Fatal(err)
+	}
+
+	// The impostor: same NQN, no secret, the free queue ID.
+	imp := r.dial(t, 2, 8192)
+	cqe, err = connectCmd(t, imp, subNQN, cntlid)
+	if err != nil || !nvme.DecodeConnectResponse(cqe.DW0).AuthRequired {
+		t.Fatalf("impostor I/O connect: %#x %v, want ATR", cqe.DW0, err)
+	}
+	canary := bytes.Repeat([]byte{0xee}, 4096)
+	got := bytes.Clone(canary)
+	_, err = imp.Submit(ctx, mc(t)(nvme.ReadCommand(3, 0, 1, 0, nvme.NullSGL())), got)
+	wantStatus(t, err, nvme.StatusAuthenticationRequired)
+	if !bytes.Equal(got, canary) {
+		t.Fatal("the impostor's read returned data")
+	}
+	read := func(q *fabric.HostQueue) ([]byte, error) {
+		buf, err := q.Pool().Get(4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer buf.Release()
+		copy(buf.Bytes(), canary)
+		err = q.ReadRemote(ctx, buf, 0, 4096, desc.Address, desc.RKey)
+		return bytes.Clone(buf.Bytes()[:4096]), err
+	}
+	b, err := read(imp)
+	if !errors.Is(err, nprdma.ErrRemoteAccess) || !bytes.Equal(b, canary) {
+		t.Fatalf("impostor's one-sided READ: %v, data changed %v", err, !bytes.Equal(b, canary))
+	}
+	if b, err = read(io1); err != nil || !bytes.Equal(b, data) {
+		t.Fatalf("the host's one-sided READ with the same key: %v, data equal %v", err, bytes.Equal(b, data))
 	}
 }
