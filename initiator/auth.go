@@ -20,9 +20,11 @@ var ErrAuthenticationRequired = errors.New("initiator: the target requires DH-HM
 func WithDHCHAPSecret(s *dhchap.Secret) Option { return func(c *config) { c.auth.secret = s } }
 
 // WithDHCHAPControllerSecret sets the controller's secret (default none):
-// every queue then authenticates bidirectionally, whether its Connect asked
-// or not, and fails with dhchap.ErrControllerNotAuthenticated unless the
-// controller proves it holds this secret. It needs WithDHCHAPSecret.
+// every queue of a subsystem then authenticates bidirectionally, whether
+// its Connect asked or not, and fails with
+// dhchap.ErrControllerNotAuthenticated unless the controller proves it
+// holds this secret (a discovery controller authenticates only when it
+// asks). It needs WithDHCHAPSecret.
 func WithDHCHAPControllerSecret(s *dhchap.Secret) Option {
 	return func(c *config) { c.auth.ctrlSecret = s }
 }
@@ -55,7 +57,9 @@ type submitter interface {
 // wrapping dhchap.ErrRejected, and a controller that fails to prove itself
 // wrapping dhchap.ErrControllerNotAuthenticated, so that reconnects stop.
 func (a hostAuth) authenticate(ctx context.Context, q submitter, data nvme.ConnectData, atr bool) error {
-	if !atr && a.ctrlSecret == nil {
+	// A controller secret belongs to a subsystem (it is transformed with its
+	// NQN): the discovery controller is not asked to prove it.
+	if !atr && (a.ctrlSecret == nil || data.SubNQN == nvme.DiscoveryNQN) {
 		return nil
 	}
 	if a.secret == nil {

@@ -310,8 +310,13 @@ func (a *attachment) setUp(ctx context.Context) error {
 	if a.log, err = newLogger(cc); err != nil {
 		return err
 	}
+	secrets, err := secretOptions(cc)
+	if err != nil {
+		return err
+	}
 	opts := append(hostOptions(cc, a.log), initiator.WithQueueDepth(cc.Int("queue-depth")), initiator.WithControllerLossTimeout(cc.Duration("ctrl-loss-timeout")),
 		initiator.WithKeepAlive(cc.Duration("keep-alive")), initiator.WithOneSidedReads(!cc.Bool("two-sided")))
+	opts = append(opts, secrets...)
 	if n := cc.Int("io-queues"); n > 0 {
 		opts = append(opts, initiator.WithIOQueues(n))
 	}

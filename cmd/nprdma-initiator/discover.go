@@ -85,7 +85,11 @@ func discover(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	opts := hostOptions(cc, logger)
+	secrets, err := secretOptions(cc)
+	if err != nil {
+		return err
+	}
+	opts := append(hostOptions(cc, logger), secrets...)
 	dev, err := newDevice(cc)
 	if err != nil {
 		return err

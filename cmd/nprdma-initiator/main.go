@@ -27,12 +27,12 @@ func newApp() *cli.App {
 	return &cli.App{
 		Name:  "nprdma-initiator",
 		Usage: "discover nprdma targets and attach their namespaces as local block devices",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "hostnqn", Usage: "host NQN to connect as (default: nqn.2014-08.org.nvmexpress:uuid:<host ID from --hostid-file>)"},
 			&cli.StringFlag{Name: "hostid-file", Usage: "file holding this host's ID, created on first use (default: $NPRDMA_STATE_DIR/hostid or ~/.config/nprdma/hostid)"},
 			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP) or loop (in-process; for tests only)"},
 			&cli.StringFlag{Name: "log-level", Value: "warn", Usage: "log level: debug, info, warn, error"},
-		},
+		}, secretFlags()...),
 		Commands:        []*cli.Command{discoverCommand(), attachCommand(), listCommand(), detachCommand(), hostnqnCommand()},
 		HideHelpCommand: true,
 		// The library's default says "No help topic" and exits 3.

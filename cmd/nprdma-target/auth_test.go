@@ -35,31 +35,6 @@ func writeKeyFile(t *testing.T, path string, s *dhchap.Secret, mode os.FileMode)
 	}
 }
 
-func TestKeyFilesMustBeOwnerOnly(t *testing.T) {
-	dir := t.TempDir()
-	s, _ := dhchap.GenerateSecret(dhchap.HashSHA384, 0, nil)
-	path := filepath.Join(dir, "host.key")
-	writeKeyFile(t, path, s, 0o600)
-	got, err := readSecretFile(path)
-	if err != nil || !got.Equal(s) {
-		t.Fatalf("0600 key file: %v", err)
-	}
-	for _, mode := range []os.FileMode{0o640, 0o604, 0o644} {
-		writeKeyFile(t, path, s, mode)
-		if _, err := readSecretFile(path); err == nil || !strings.Contains(err.Error(), "chmod 600") {
-			t.Errorf("mode %04o: %v, want a refusal saying chmod 600", mode, err)
-		}
-	}
-	if _, err := readSecretFile(dir); err == nil {
-		t.Error("a directory read as a key file")
-	}
-	garbage := filepath.Join(dir, "garbage.key")
-	os.WriteFile(garbage, []byte("DHHC-1:01:c2VjcmV0LXRoYXQtbXVzdC1ub3Qtc2hvdw==:"), 0o600)
-	if _, err := readSecretFile(garbage); !errors.Is(err, dhchap.ErrBadSecret) || strings.Contains(err.Error(), "c2VjcmV0") {
-		t.Errorf("malformed key file: %v", err)
-	}
-}
-
 func TestGenDHCHAPKey(t *testing.T) {
 	run := func(args ...string) (string, error) {
 		app := newApp()
@@ -105,7 +80,7 @@ func TestGenDHCHAPKey(t *testing.T) {
 	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("--output file: %v %v", st, err)
 	}
-	if s, err := readSecretFile(path); err != nil || s.Hash() != 2 {
+	if s, err := dhchap.ReadSecretFile(path); err != nil || s.Hash() != 2 {
 		t.Fatalf("--output file: %v", err)
 	}
 	if _, err := run("--output", path); err == nil {

@@ -3,8 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strings"
 	"sync/atomic"
 
@@ -19,43 +17,6 @@ type hostSecretSpec struct {
 	Host           string `json:"host"`
 	SecretFile     string `json:"secret_file"`
 	CtrlSecretFile string `json:"ctrl_secret_file"`
-}
-
-// maxKeyFile bounds what is read of a key file (a secret is under 100
-// bytes).
-const maxKeyFile = 4096
-
-// readSecretFile reads a secret from a file that only its owner may read
-// or write: a key file open to group or others is refused, as ssh refuses
-// a private key. The error never quotes the file's content.
-func readSecretFile(path string) (*dhchap.Secret, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("key file %s is not a regular file", path)
-	}
-	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("key file %s is open to group or others (mode %04o): make it owner-only (chmod 600)", path, perm)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxKeyFile+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > maxKeyFile {
-		return nil, fmt.Errorf("key file %s is larger than a secret (%d bytes or more)", path, maxKeyFile)
-	}
-	s, err := dhchap.ParseSecret(string(b))
-	if err != nil {
-		return nil, fmt.Errorf("key file %s: %w", path, err)
-	}
-	return s, nil
 }
 
 // fileKeyring is the target's Keyring over key files: read at start, and
@@ -82,12 +43,12 @@ func (k *fileKeyring) Reload() error {
 		for _, h := range hosts {
 			var c dhchap.Credentials
 			var err error
-			if c.Host, err = readSecretFile(h.SecretFile); err != nil {
+			if c.Host, err = dhchap.ReadSecretFile(h.SecretFile); err != nil {
 				errs = append(errs, fmt.Errorf("host %s on %s: %w", h.Host, sub, err))
 				continue
 			}
 			if h.CtrlSecretFile != "" {
-				if c.Controller, err = readSecretFile(h.CtrlSecretFile); err != nil {
+				if c.Controller, err = dhchap.ReadSecretFile(h.CtrlSecretFile); err != nil {
 					errs = append(errs, fmt.Errorf("host %s on %s: controller secret: %w", h.Host, sub, err))
 					continue
 				}
