@@ -66,11 +66,11 @@ type queueAuth struct {
 func (qc *queueConn) requireAuth(c *controller) bool {
 	t := qc.t
 	if c.sub == nil || t.cfg.keyring == nil {
-		qc.q.QP().SetAccessTag(c.tag)
+		qc.grantAccess(c)
 		return false
 	}
 	if _, ok := t.cfg.keyring.DHCHAP(c.sub.nqn, c.hostNQN); !ok {
-		qc.q.QP().SetAccessTag(c.tag)
+		qc.grantAccess(c)
 		return false
 	}
 	a := &qc.auth
@@ -78,6 +78,10 @@ func (qc *queueConn) requireAuth(c *controller) bool {
 	a.deadline = time.AfterFunc(t.cfg.authTimeout, func() { qc.authExpired(c) })
 	return true
 }
+
+// grantAccess lets the queue's peer read c's regions one-sidedly: the
+// queue pair gets c's access tag.
+func (qc *queueConn) grantAccess(c *controller) { qc.q.QP().SetAccessTag(c.tag) }
 
 // authExpired ends a queue that did not authenticate in time.
 func (qc *queueConn) authExpired(c *controller) {
@@ -192,7 +196,7 @@ func (qc *queueConn) authOutcome(c *controller, dh *dhchap.Controller, ev dhchap
 	}
 	a.mu.Unlock()
 	if first {
-		qc.q.QP().SetAccessTag(c.tag)
+		qc.grantAccess(c)
 	}
 	if t.met != nil {
 		t.met.auths.WithLabelValues("success").Inc()
