@@ -78,7 +78,7 @@ func (a hostAuth) authenticate(ctx context.Context, q submitter, data nvme.Conne
 			data.SubNQN, data.HostNQN, q.QID(), err)
 	case errors.Is(err, dhchap.ErrControllerNotAuthenticated):
 		return fmt.Errorf("initiator: %s did not prove it holds the controller secret on queue %d: %w", data.SubNQN, q.QID(), err)
-	case errors.Is(err, nvme.StatusInvalidOpcode) || errors.Is(err, nvme.StatusInvalidField):
+	case !atr && (errors.Is(err, nvme.StatusInvalidOpcode) || errors.Is(err, nvme.StatusInvalidField)):
 		return fmt.Errorf("initiator: %s cannot authenticate (a controller secret was given, so it must): %w", data.SubNQN, err)
 	}
 	return fmt.Errorf("initiator: authenticating queue %d to %s: %w", q.QID(), data.SubNQN, err)

@@ -379,7 +379,9 @@ func (c *Controller) connectData(subNQN string, cntlid uint16) nvme.ConnectData 
 	return nvme.ConnectData{HostID: c.cfg.hostID, CNTLID: cntlid, SubNQN: subNQN, HostNQN: c.cfg.hostNQN}
 }
 
-// It authenticates the queue when the controller asks (auth).
+// connectQueue sends Fabrics Connect on q for data and authenticates the
+// queue with auth when the controller asks (or auth must make it prove
+// itself).
 func connectQueue(ctx context.Context, q *fabric.HostQueue, data nvme.ConnectData, kato time.Duration, gotCNTLID *uint16, auth hostAuth) error {
 	subNQN, hostNQN := data.SubNQN, data.HostNQN
 	raw, err := data.Marshal()
