@@ -87,6 +87,11 @@ type Controller struct {
 	err           error       // why the transaction failed (terminal)
 	authenticated bool
 	t             transaction
+	// key is the controller's DH key, drawn at the queue's first
+	// transaction in a group and used by the next ones in that group (as
+	// nvmet keeps one per controller): a peer that restarts transactions
+	// does not make the controller compute a new key each time.
+	key *DHKey
 }
 
 // step is what the controller expects next.
@@ -348,9 +353,12 @@ func (c *Controller) challenge() ([]byte, error) {
 	t.seq1 = seq
 	m := Challenge{TID: t.tid, Hash: t.hash, DHGroup: t.group, Seq: t.seq1, Challenge: t.c1}
 	if t.group != DHGroupNull {
-		if t.dh, err = GenerateDHKey(t.group, c.opts.rand); err != nil {
-			return nil, err
+		if c.key == nil || c.key.group != t.group {
+			if c.key, err = GenerateDHKey(t.group, c.opts.rand); err != nil {
+				return nil, err
+			}
 		}
+		t.dh = c.key
 		m.DHValue = t.dh.PublicValue()
 	}
 	return m.Marshal(), nil
