@@ -3,6 +3,7 @@ module github.com/nprdma/nprdma
 go 1.26.0
 
 require (
+	filippo.io/bigmod v0.1.0
 	github.com/dgraph-io/badger/v4 v4.9.6
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/prometheus/client_golang v1.25.0
@@ -12,7 +13,6 @@ require (
 )
 
 require (
-	filippo.io/bigmod v0.1.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect

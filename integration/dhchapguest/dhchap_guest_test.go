@@ -1,4 +1,8 @@
-//go:build lab_nvmetcp
+// The constraint keeps this file out of builds, vet and go mod tidy until
+// package lab and the NVMe/TCP flags it uses are in the module: delete it
+// then.
+
+//go:build ignore
 
 package dhchapguest
 

@@ -4,7 +4,7 @@
 // nprdma-initiator against the kernel's nvmet with a configured dhchap key.
 // They need the guest lab (package lab) and the NVMe/TCP binding on both
 // sides (nprdma-target --listen-nvme-tcp, nprdma-initiator --transport
-// tcp), so they build only with the tag lab_nvmetcp until those are part
-// of the module; the protocol's own tests run everywhere (nvme/dhchap,
+// tcp), so their file carries //go:build ignore until those are part of the
+// module; the protocol's own tests run everywhere (nvme/dhchap,
 // target, initiator, cmd/nprdma-target).
 package dhchapguest
