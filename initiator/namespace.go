@@ -13,7 +13,6 @@ import (
 	"github.com/nprdma/nprdma/initiator/blockio"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nvme"
-	"github.com/nprdma/nprdma/nvme/fabric"
 )
 
 // Namespace is a namespace of a connected controller, usable as a block
@@ -26,9 +25,10 @@ import (
 type Namespace struct {
 	c      *Controller
 	nsid   uint32
-	blocks uint64
+	blocks atomic.Uint64 // grows when the target resizes the namespace (events.go)
 	nguid  [16]byte
 	uuid   nvme.UUID
+	grown  chan struct{} // a value whenever blocks grows (buffered by one)
 
 	changed     atomic.Pointer[namespaceChange] // set for good once the target serves another namespace under nsid
 	changedDone chan struct{}                   // closed then
@@ -202,13 +202,14 @@ func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, er
 			return nil, err
 		}
 	}
-	n := &Namespace{c: c, nsid: nsid, changedDone: make(chan struct{}), lossReported: make(chan struct{}, 1)}
+	n := &Namespace{c: c, nsid: nsid, changedDone: make(chan struct{}), lossReported: make(chan struct{}, 1), grown: make(chan struct{}, 1)}
 	err := c.do(ctx, func(s *session) error {
 		id, err := s.identifyNamespace(ctx, nsid)
 		if err != nil {
 			return err
 		}
-		n.blocks, n.nguid = id.NSZE, id.NGUID
+		n.blocks.Store(id.NSZE)
+		n.nguid = id.NGUID
 		n.durability.sawInstance(s.gen, s.ident.NP)
 		n.verified.Store(s)
 		ids := make([]byte, nvme.IdentifySize)
@@ -305,14 +306,7 @@ func (n *Namespace) verify(ctx context.Context, s *session) error {
 	if ch := n.changed.Load(); ch != nil {
 		return ch.err
 	}
-	id, err := s.identifyNamespace(ctx, n.nsid)
-	switch {
-	case err == nil && (id.NSZE != n.blocks || id.NGUID != n.nguid):
-		return n.markChanged(fmt.Errorf("%w: namespace %d of %s is now %d blocks, NGUID %x (was %d blocks, NGUID %x)",
-			ErrNamespaceChanged, n.nsid, n.c.subNQN, id.NSZE, id.NGUID, n.blocks, n.nguid))
-	case errors.Is(err, nvme.StatusInvalidNamespaceOrFormat):
-		return n.markChanged(fmt.Errorf("%w: %w", ErrNamespaceChanged, err))
-	case err != nil:
+	if err := n.identify(ctx, s); err != nil {
 		return err
 	}
 	n.noteInstance(s)
@@ -372,6 +366,9 @@ func (n *Namespace) Change() (since time.Time, err error) {
 // region returns the namespace's region descriptor in session s, fetching
 // it on first use (nil: no one-sided reads for this namespace).
 func (s *session) region(ctx context.Context, nsid uint32) (*nvme.RegionDescriptor, error) {
+	if s.c.b.remote() == nil {
+		return nil, nil // a transport without one-sided reads: nothing to ask for
+	}
 	s.mu.Lock()
 	ri := s.regions[nsid]
 	s.mu.Unlock()
@@ -412,7 +409,7 @@ func (n *Namespace) NGUID() [16]byte { return n.nguid }
 func (n *Namespace) UUID() nvme.UUID { return n.uuid }
 
 // Size is the size in bytes.
-func (n *Namespace) Size() int64 { return int64(n.blocks) * BlockSize }
+func (n *Namespace) Size() int64 { return int64(n.blocks.Load()) * BlockSize }
 
 // BlockSize is 4096.
 func (n *Namespace) BlockSize() int { return BlockSize }
@@ -468,32 +465,42 @@ func (n *Namespace) ReadAtContext(ctx context.Context, p []byte, off int64) (int
 	return done, nil
 }
 
-// readChunk reads one transfer: READ into a pool buffer, find the magic
-// pages, re-read those with NVMe Read into the same buffer, copy out.
+// readChunk reads one transfer. With a region descriptor on a transport
+// that reads one-sided: READ into a pool buffer, find the magic pages,
+// re-read those with NVMe Read into the same buffer, copy out. Otherwise
+// one NVMe Read.
 func (n *Namespace) readChunk(ctx context.Context, s *session, p []byte, off int64) error {
 	c := n.c
 	start := time.Now()
-	buf, err := c.pool.Get(len(p))
-	if err != nil {
-		return fmt.Errorf("initiator: read buffer: %w", err)
-	}
-	defer buf.Release()
 	q := s.ioQueue(c)
 	desc, err := s.region(ctx, n.nsid)
 	if err != nil {
 		return err
 	}
-	if desc == nil || !c.cfg.oneSided {
-		if err := n.readCommand(ctx, q, buf, 0, len(p), off); err != nil {
+	rq, oneSided := q.(remoteReader)
+	rr := c.b.remote()
+	// A range beyond the descriptor (the namespace grew since it was
+	// fetched: events.go) is read two-sided: the registration covers no more.
+	if desc == nil || !c.cfg.oneSided || !oneSided || rr == nil || uint64(off)+uint64(len(p)) > desc.Length {
+		cmd, err := n.readCmd(len(p), off)
+		if err != nil {
 			return err
 		}
-		copy(p, buf.Bytes()[:len(p)])
+		cqe, err := q.Submit(ctx, cmd, p)
+		if err := n.readDone(cqe, err, len(p), off); err != nil {
+			return err
+		}
 		c.ctr.twoSidedReads.Add(1)
 		c.observeRead(pathTwoSided, time.Since(start))
 		return nil
 	}
+	buf, err := rr.pool.Get(len(p))
+	if err != nil {
+		return fmt.Errorf("initiator: read buffer: %w", err)
+	}
+	defer buf.Release()
 	raddr := desc.Address + uint64(off)
-	if err := q.ReadRemote(ctx, buf, 0, len(p), raddr, desc.RKey); err != nil {
+	if err := rq.ReadRemote(ctx, buf, 0, len(p), raddr, desc.RKey); err != nil {
 		return err
 	}
 	data := buf.Bytes()[:len(p)]
@@ -503,7 +510,7 @@ func (n *Namespace) readChunk(ctx context.Context, s *session, p []byte, off int
 	c.ctr.oneSidedBytes.Add(uint64(len(p)))
 	var suspects []nprdma.PageRange
 	if desc.Flags&nvme.RegionUnpinned != 0 {
-		suspects = c.dev.FindMagicPages(data, raddr, desc.Address, int(desc.PageSize), desc.Magic)
+		suspects = rr.dev.FindMagicPages(data, raddr, desc.Address, int(desc.PageSize), desc.Magic)
 	}
 	if len(suspects) == 0 {
 		c.ctr.readsOneSided.Add(1)
@@ -513,7 +520,12 @@ func (n *Namespace) readChunk(ctx context.Context, s *session, p []byte, off int
 	}
 	for _, r := range suspects {
 		c.ctr.suspectedPages.Add(uint64(r.Len / BlockSize))
-		if err := n.readCommand(ctx, q, buf, r.Off, r.Len, off+int64(r.Off)); err != nil {
+		cmd, err := n.readCmd(r.Len, off+int64(r.Off))
+		if err != nil {
+			return err
+		}
+		cqe, err := rq.SubmitBuffer(ctx, cmd, buf, r.Off, r.Len)
+		if err := n.readDone(cqe, err, r.Len, off+int64(r.Off)); err != nil {
 			return err
 		}
 		c.ctr.fallbackReads.Add(1)
@@ -545,14 +557,14 @@ func isMagicPage(pg []byte, magic uint64) bool {
 	return true
 }
 
-// readCommand reads n bytes at off with NVMe Read commands into buf at
-// bufOff; the completion reports the faults the target resolved.
-func (n *Namespace) readCommand(ctx context.Context, q *fabric.HostQueue, buf *nprdma.Buffer, bufOff, length int, off int64) error {
-	cmd, err := nvme.ReadCommand(n.nsid, uint64(off)/BlockSize, uint32(length/BlockSize), 0, nvme.NullSGL())
-	if err != nil {
-		return err
-	}
-	cqe, err := q.SubmitBuffer(ctx, cmd, buf, bufOff, length)
+// readCmd is the NVMe Read of length bytes at off.
+func (n *Namespace) readCmd(length int, off int64) (nvme.Command, error) {
+	return nvme.ReadCommand(n.nsid, uint64(off)/BlockSize, uint32(length/BlockSize), 0, nvme.NullSGL())
+}
+
+// readDone takes the outcome of an NVMe Read of length bytes at off: its
+// completion reports the faults the target resolved.
+func (n *Namespace) readDone(cqe nvme.Completion, err error, length int, off int64) error {
 	if err != nil {
 		return fmt.Errorf("initiator: read namespace %d [%d, +%d): %w", n.nsid, off, length, err)
 	}

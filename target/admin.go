@@ -2,7 +2,6 @@ package target
 
 import (
 	"github.com/nprdma/nprdma/nvme"
-	"github.com/nprdma/nprdma/nvme/fabric"
 )
 
 // Identity of the controllers this target presents.
@@ -12,13 +11,9 @@ const (
 	maxAERs          = 4 // AERL+1
 )
 
-// supportedAEC: no asynchronous events are generated yet, so none may be
-// enabled (nvmet refuses unsupported bits the same way).
-const supportedAEC nvme.AsyncEventConfig = 0
-
 // admin executes an admin command of a connected controller.
-func (c *controller) admin(r *fabric.Request) result {
-	cmd := &r.Cmd
+func (c *controller) admin(r Request) result {
+	cmd := r.Command()
 	if cmd.IsFabrics() {
 		switch cmd.FabricsType() {
 		case nvme.FabricsPropertyGet:
@@ -57,12 +52,16 @@ func (c *controller) admin(r *fabric.Request) result {
 		if c.gone {
 			return result{err: nvme.Errorf(nvme.StatusAbortedSQDeleted, "controller %d gone", c.id)}
 		}
+		if dw0, ok := c.takeNoticeLocked(); ok {
+			return result{dw0: dw0}
+		}
 		c.aers = append(c.aers, r)
 		return result{parked: true}
 	case nvme.AdminAbort:
 		return result{dw0: 1} // not aborted (as nvmet)
 	case nvme.AdminNPGetRegionDescriptor:
-		if c.discovery() {
+		if c.discovery() || !c.port.oneSided {
+			// Over NVMe/TCP: no one-sided reads; hosts read two-sided.
 			return result{err: nvme.InvalidOpcode(cmd, true)}
 		}
 		return c.regionDescriptor(r)
@@ -146,8 +145,8 @@ func (c *controller) propertySet(cmd *nvme.Command) result {
 	return result{}
 }
 
-func (c *controller) identify(r *fabric.Request) result {
-	cmd := &r.Cmd
+func (c *controller) identify(r Request) result {
+	cmd := r.Command()
 	p := cmd.Identify()
 	if err := cmd.CheckTransfer(nvme.IdentifySize, uint64(c.t.cfg.maxTransfer)); err != nil {
 		return result{err: err}
@@ -208,14 +207,15 @@ func (c *controller) identifyController() *nvme.IdentifyController {
 		MDTS: mdts, CNTRLTYPE: nvme.ControllerTypeIO, ACL: 3, AERL: maxAERs - 1, FRMW: 0x3,
 		LPA: nvme.LPACommandEffects | nvme.LPAExtendedData, KAS: 10,
 		SQES: nvme.SQESFabrics, CQES: nvme.CQESFabrics, MAXCMD: uint16(t.cfg.queueDepth),
-		SGLS:   nvme.SGLSSupported | nvme.SGLSKeyedDataBlock | nvme.SGLSOffset,
-		IOCCSZ: nvme.IOCCSZFor(t.cfg.icd), IORCSZ: 1, MSDBD: 1,
+		SGLS:   c.port.sgls,
+		IOCCSZ: nvme.IOCCSZFor(c.port.icd), IORCSZ: 1, MSDBD: 1,
 		CMIC: nvme.CMICMultiController,
 		PSD0: nvme.PowerStateDescriptor{MP: 2500},
 		NP:   t.instance,
 	}
 	if !c.discovery() {
 		id.NPToken = c.token
+		id.OAES = uint32(supportedAEC)
 	}
 	if c.discovery() {
 		id.SN = "discovery"
@@ -252,8 +252,8 @@ func identifyNamespace(n *Namespace) *nvme.IdentifyNamespace {
 	return ns
 }
 
-func (c *controller) getLogPage(r *fabric.Request) result {
-	cmd := &r.Cmd
+func (c *controller) getLogPage(r Request) result {
+	cmd := r.Command()
 	p := cmd.GetLogPage()
 	length := p.Length()
 	if err := cmd.CheckTransfer(length, uint64(c.t.cfg.maxTransfer)); err != nil {
@@ -281,8 +281,10 @@ func (c *controller) getLogPage(r *fabric.Request) result {
 			return result{err: nvme.Errorf(nvme.StatusInternalError, "firmware log: %w", err)}
 		}
 		log = b
+	case p.LID == nvme.LogChangedNamespaces:
+		log = c.changedNamespaceLog(p.RAE)
 	case p.LID == nvme.LogCommandEffects:
-		log = commandEffects().Marshal()
+		log = commandEffects(c.port.oneSided).Marshal()
 	default:
 		return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(), "log page %#x not supported", uint8(p.LID))}
 	}
@@ -296,11 +298,16 @@ func (c *controller) getLogPage(r *fabric.Request) result {
 	return result{}
 }
 
-func commandEffects() *nvme.CommandEffectsLog {
+// commandEffects lists the commands supported, NP Get Region Descriptor
+// only where regions are exported (oneSided).
+func commandEffects(oneSided bool) *nvme.CommandEffectsLog {
 	l := &nvme.CommandEffectsLog{}
 	for _, op := range []nvme.Opcode{nvme.AdminGetLogPage, nvme.AdminIdentify, nvme.AdminAbort, nvme.AdminSetFeatures,
-		nvme.AdminGetFeatures, nvme.AdminAsyncEventRequest, nvme.AdminKeepAlive, nvme.AdminNPGetRegionDescriptor} {
+		nvme.AdminGetFeatures, nvme.AdminAsyncEventRequest, nvme.AdminKeepAlive} {
 		l.Admin[op] = nvme.EffectSupported
+	}
+	if oneSided {
+		l.Admin[nvme.AdminNPGetRegionDescriptor] = nvme.EffectSupported
 	}
 	for _, op := range []nvme.Opcode{nvme.IOFlush, nvme.IORead, nvme.IONPAdvise} {
 		l.IO[op] = nvme.EffectSupported
@@ -387,8 +394,8 @@ func (c *controller) getFeatures(cmd *nvme.Command) result {
 
 // regionDescriptor answers NP Get Region Descriptor: where the namespace
 // lives in this controller's registration of its region.
-func (c *controller) regionDescriptor(r *fabric.Request) result {
-	cmd := &r.Cmd
+func (c *controller) regionDescriptor(r Request) result {
+	cmd := r.Command()
 	if err := cmd.CheckNPGetRegionDescriptor(); err != nil {
 		return result{err: err}
 	}
@@ -409,8 +416,10 @@ func (c *controller) regionDescriptor(r *fabric.Request) result {
 		return result{err: nvme.Errorf(nvme.StatusInternalError, "register namespace %d: %w", n.nsid, err)}
 	}
 	d := nvme.RegionDescriptor{Format: nvme.RegionDescriptorFormat1,
-		Flags:    nvme.RegionRemoteRead | nvme.RegionUnpinned | nvme.RegionAdvise,
-		PageSize: BlockSize, Address: mr.Addr(), Length: uint64(n.Size()), RKey: mr.RKey(),
+		Flags: nvme.RegionRemoteRead | nvme.RegionUnpinned | nvme.RegionAdvise,
+		// The registration's length, not the namespace's: a resize since
+		// (ResizeNamespace) is covered by the next registration.
+		PageSize: BlockSize, Address: mr.Addr(), Length: uint64(mr.Len()), RKey: mr.RKey(),
 		LBASize: BlockSize, Magic: mr.Magic()}
 	if n.Pinned() {
 		// Every page is always there: no magic page to look for (the field
@@ -427,24 +436,23 @@ func (c *controller) regionDescriptor(r *fabric.Request) result {
 	return result{}
 }
 
-// discoveryLog lists the subsystems this controller's host may access.
+// discoveryLog lists, for each subsystem this controller's host may access,
+// the I/O ports of the transport the host reached the discovery controller
+// over: a host that discovers over NVMe/TCP is pointed at NVMe/TCP ports,
+// one over the nprdma fabric at every fabric port (shared-memory ones
+// included, for hosts on this machine).
 func (c *controller) discoveryLog() ([]byte, error) {
 	t := c.t
-	host, port := splitHostPort(t.Addr())
-	trtype, adrfam := nvme.TransportRDMA, nvme.AddressIPv4
-	if t.cfg.provider.Name() == "loop" {
-		trtype, adrfam = nvme.TransportLoop, nvme.AddressIntraHost
-	}
 	l := nvme.DiscoveryLog{GenCtr: t.genCtr.Load()}
-	for i, s := range t.Subsystems() {
-		if !s.Allows(c.hostNQN) {
-			continue
+	for _, p := range t.ioPorts(c.port.transport) {
+		for _, s := range t.Subsystems() {
+			if !s.Allows(c.hostNQN) {
+				continue
+			}
+			e := p.entry
+			e.SUBTYPE, e.SubNQN = nvme.SubtypeNVM, s.nqn
+			l.Entries = append(l.Entries, e)
 		}
-		l.Entries = append(l.Entries, nvme.DiscoveryLogEntry{
-			TRTYPE: trtype, ADRFAM: adrfam, SUBTYPE: nvme.SubtypeNVM, TREQ: nvme.TREQSecureChannelNotRequired,
-			PORTID: uint16(i + 1), CNTLID: nvme.DynamicControllerID, ASQSZ: fabric.DefaultAdminQueueEntries,
-			TRSVCID: port, SubNQN: s.nqn, TRADDR: host, TSAS: nvme.RDMATSAS(),
-		})
 	}
 	return l.Marshal()
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/dhchap"
-	"github.com/nprdma/nprdma/nvme/fabric"
 )
 
 // Keyring gives the DH-HMAC-CHAP credentials of a host on a subsystem:
@@ -34,7 +33,8 @@ const authFailureGrace = 500 * time.Millisecond
 // ffdhe8192 value is 1168 bytes; hosts receive into 4 KiB, as Linux does).
 const maxAuthMessage = 8192
 
-// authDataTimeout bounds the RDMA READ of an Authentication Send's data.
+// authDataTimeout bounds the fetch of an Authentication Send's data (an
+// RDMA READ, or NVMe/TCP's R2T and H2CData).
 const authDataTimeout = 10 * time.Second
 
 // WithKeyring makes hosts that have a secret in k authenticate with
@@ -62,7 +62,8 @@ type queueAuth struct {
 // response. A queue that need not authenticate may use the controller's
 // regions at once; one that must gets the controller's access tag only
 // when it has authenticated, so no READ with any key is served on it
-// before. It runs before the queue is bound to c.
+// before. It runs before the queue is bound to c. The rules are the same on
+// every transport: only the granting of regions is the nprdma fabric's.
 func (qc *queueConn) requireAuth(c *controller) bool {
 	t := qc.t
 	if c.sub == nil || t.cfg.keyring == nil {
@@ -79,9 +80,14 @@ func (qc *queueConn) requireAuth(c *controller) bool {
 	return true
 }
 
-// grantAccess lets the queue's peer read c's regions one-sidedly: the
-// queue pair gets c's access tag.
-func (qc *queueConn) grantAccess(c *controller) { qc.q.QP().SetAccessTag(c.tag) }
+// grantAccess lets the queue's peer read c's regions one-sidedly, on a
+// binding that exports regions (RegionExporter: the nprdma fabric's queue
+// pairs get c's access tag); over the others there is nothing to grant.
+func (qc *queueConn) grantAccess(c *controller) {
+	if e, ok := qc.q.(RegionExporter); ok {
+		e.SetAccessTag(c.tag)
+	}
+}
 
 // authExpired ends a queue that did not authenticate in time.
 func (qc *queueConn) authExpired(c *controller) {
@@ -105,8 +111,8 @@ func (qc *queueConn) authExpired(c *controller) {
 // command of a queue that must authenticate and has not (yet, or any more
 // after a failed re-authentication) with Authentication Required (DNR), as
 // nvmet does; done reports that it answered the command.
-func (qc *queueConn) authGate(c *controller, r *fabric.Request) (res result, done bool) {
-	cmd := &r.Cmd
+func (qc *queueConn) authGate(c *controller, r Request) (res result, done bool) {
+	cmd := r.Command()
 	if cmd.IsFabrics() && (cmd.FabricsType() == nvme.FabricsAuthSend || cmd.FabricsType() == nvme.FabricsAuthReceive) {
 		return qc.authCommand(c, r), true
 	}
@@ -121,13 +127,14 @@ func (qc *queueConn) authGate(c *controller, r *fabric.Request) (res result, don
 }
 
 // authCommand executes an Authentication Send or Receive.
-func (qc *queueConn) authCommand(c *controller, r *fabric.Request) result {
-	p, err := r.Cmd.CheckAuth(maxAuthMessage)
+func (qc *queueConn) authCommand(c *controller, r Request) result {
+	cmd := r.Command()
+	p, err := cmd.CheckAuth(maxAuthMessage)
 	if err != nil {
 		return result{err: err}
 	}
 	var msg []byte
-	if r.Cmd.FabricsType() == nvme.FabricsAuthSend {
+	if cmd.FabricsType() == nvme.FabricsAuthSend {
 		if msg, err = r.HostData(authDataTimeout); err != nil {
 			return result{err: err}
 		}

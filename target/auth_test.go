@@ -279,17 +279,6 @@ func TestHostWithoutSecretConnectsWithoutATR(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestImpostorIOQueueGetsNothing: a peer that claims an authenticated
 // host's NQN joins an I/O queue to that host's controller (a queue ID the
 // host left free) without the secret: its Read gets Authentication

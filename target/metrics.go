@@ -70,8 +70,28 @@ func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
 			Help: "Commands of a failed queue dropped before they changed a namespace (never acknowledged).",
 		}),
 	}
+	// The metadata store's state (meta.go): 1 while it works or without a
+	// data directory, 0 from its first failure on.
+	metaHealthy := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "nprdma_target_metadata_healthy",
+		Help: "1 while the metadata store works (or there is none), 0 once a write or probe of it failed: host-list and namespace changes are refused, block I/O is served.",
+	}, func() float64 {
+		if t.meta != nil && t.meta.failed() != nil {
+			return 0
+		}
+		return 1
+	})
+	metaErrors := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "nprdma_target_metadata_write_errors_total",
+		Help: "Metadata writes (and directory probes) that failed, and writes refused because the metadata store had failed.",
+	}, func() float64 {
+		if t.meta == nil {
+			return 0
+		}
+		return float64(t.meta.writeErrors.Load())
+	})
 	for _, c := range []prometheus.Collector{m.commands, m.latency, m.controllers, m.connections, m.refused, m.kaExpired,
-		m.replaced, m.auths, m.held, m.heldTimeouts, m.fenceDropped, nprdma.NewPrometheusCollector(t.dev, t.pool)} {
+		m.replaced, m.auths, m.held, m.heldTimeouts, m.fenceDropped, metaHealthy, metaErrors, nprdma.NewPrometheusCollector(t.dev, t.pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -26,6 +26,8 @@ type SubsystemConfig struct {
 	AllowHosts []string
 	// AllowAnyHost admits every host.
 	AllowAnyHost bool
+
+	managed bool // created through the management API (manage.go)
 }
 
 // Subsystem is an NVM subsystem: namespaces and the hosts allowed to use
@@ -35,10 +37,17 @@ type Subsystem struct {
 	nqn    string
 	serial string
 
+	recordMu sync.Mutex // orders changes of the record (AllowHost, Target.RemoveHost)
+	// managed: created through the management API (CreateSubsystem), not by
+	// the configuration; configHosts: the hosts the configuration allows.
+	managed     bool
+	configHosts map[string]bool
+
 	mu       sync.Mutex
 	hosts    map[string]bool
 	allowAny bool
 	ns       map[uint32]*Namespace
+	stopped  bool // the target is stopping: no command acquires a namespace
 
 	// fenceMu guards the hosts' fencing states (fence.go); it is taken only
 	// when queues fail, controllers come and go, and commands wait for a
@@ -63,10 +72,15 @@ func (t *Target) AddSubsystem(cfg SubsystemConfig) (*Subsystem, error) {
 		}
 	}
 	s := &Subsystem{t: t, nqn: cfg.NQN, hosts: map[string]bool{}, allowAny: cfg.AllowAnyHost, ns: map[uint32]*Namespace{},
-		fences: map[string]*hostFence{}}
+		fences: map[string]*hostFence{}, managed: cfg.managed, configHosts: map[string]bool{}}
+	if !cfg.managed {
+		for _, h := range cfg.AllowHosts {
+			s.configHosts[h] = true
+		}
+	}
 	rec := subsystemRecord{NQN: cfg.NQN, Created: time.Now().UTC()}
 	if t.meta != nil {
-		old, ok, err := t.meta.subsystem(cfg.NQN)
+		old, ok, err := t.meta.subsystem(cfg.NQN, cfg.managed)
 		if err != nil {
 			return nil, fmt.Errorf("target: subsystem %s: %w", cfg.NQN, err)
 		}
@@ -87,6 +101,7 @@ func (t *Target) AddSubsystem(cfg SubsystemConfig) (*Subsystem, error) {
 		}
 	}
 	rec.AllowAnyHost = cfg.AllowAnyHost
+	rec.Managed = cfg.managed
 	s.serial = rec.Serial
 	if t.meta != nil {
 		if err := t.meta.putSubsystem(rec); err != nil {
@@ -142,30 +157,45 @@ func (s *Subsystem) Allows(host string) bool {
 	return s.allowAny || s.hosts[host]
 }
 
-// AllowHost adds host to the allow-list (and to the metadata store).
+// AllowHost adds host to the allow-list. With a data directory the new list
+// is recorded first: when that fails (the metadata store failed, an error
+// wrapping ErrMetadataStore) the host is not added.
 func (s *Subsystem) AllowHost(host string) error {
 	if err := nvme.ValidateNQN(host); err != nil {
 		return fmt.Errorf("target: subsystem %s: host %q: %w", s.nqn, host, err)
+	}
+	s.recordMu.Lock()
+	defer s.recordMu.Unlock()
+	s.mu.Lock()
+	listed := s.hosts[host]
+	s.mu.Unlock()
+	if listed {
+		return nil
+	}
+	if err := s.record(append(s.Hosts(), host)); err != nil {
+		return fmt.Errorf("target: subsystem %s: allowing host %s: %w", s.nqn, host, err)
 	}
 	s.mu.Lock()
 	s.hosts[host] = true
 	s.mu.Unlock()
 	s.t.genCtr.Add(1)
-	return s.persist()
+	return nil
 }
 
-func (s *Subsystem) persist() error {
+// record writes the subsystem's record with hosts as its host list.
+func (s *Subsystem) record(hosts []string) error {
 	if s.t.meta == nil {
 		return nil
 	}
-	rec, ok, err := s.t.meta.subsystem(s.nqn)
+	rec, ok, err := s.t.meta.subsystem(s.nqn, s.managed)
 	if err != nil {
 		return err
 	}
 	if !ok {
-		rec = subsystemRecord{NQN: s.nqn, Serial: s.serial, Created: time.Now().UTC()}
+		rec = subsystemRecord{NQN: s.nqn, Serial: s.serial, Created: time.Now().UTC(), Managed: s.managed}
 	}
-	rec.Hosts = s.Hosts()
+	sort.Strings(hosts)
+	rec.Hosts = hosts
 	rec.AllowAnyHost = s.AllowsAnyHost()
 	return s.t.meta.putSubsystem(rec)
 }
@@ -197,6 +227,9 @@ func (s *Subsystem) Namespace(nsid uint32) *Namespace {
 func (s *Subsystem) acquire(nsid uint32) *Namespace {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.stopped {
+		return nil
+	}
 	n := s.ns[nsid]
 	if n != nil {
 		n.users.Add(1)
@@ -208,6 +241,9 @@ func (s *Subsystem) acquire(nsid uint32) *Namespace {
 func (s *Subsystem) acquireAll() []*Namespace {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.stopped {
+		return nil
+	}
 	out := make([]*Namespace, 0, len(s.ns))
 	for _, n := range s.ns {
 		if n != nil {
@@ -217,6 +253,17 @@ func (s *Subsystem) acquireAll() []*Namespace {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].nsid < out[j].nsid })
 	return out
+}
+
+// stopServing makes acquire find no namespace from now on, so that the
+// target's stop may wait for each namespace's commands (users) and close
+// it. Only a command that had not reached its namespace by then is
+// affected, and its queue is closed already: its host never sees the
+// completion.
+func (s *Subsystem) stopServing() {
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
 }
 
 func (s *Subsystem) activeNSIDs() []uint32 {
@@ -250,8 +297,17 @@ type NamespaceConfig struct {
 	// Budget is the DRAM the namespace's region may keep resident, in bytes
 	// (0: swap's default, a quarter of the namespace).
 	Budget int64
+	// Size is the namespace's size in bytes, at most the backing's (0: the
+	// backing's size).
+	Size int64
+	// MaxSize is how large the namespace may grow while it is served
+	// (ResizeNamespace): the address space its region reserves (0:
+	// DefaultMaxSize of the size).
+	MaxSize int64
 	// SwapOptions are passed to swap.New after the target's own.
 	SwapOptions []swap.Option
+
+	managed *managedNamespace // created through the management API (manage.go)
 }
 
 // Namespace is a namespace of a subsystem: a region over a backing device.
@@ -266,6 +322,7 @@ type Namespace struct {
 	nguid   [16]byte
 	uuid    nvme.UUID
 	created time.Time
+	managed *managedNamespace // nil: from the configuration
 
 	users   sync.WaitGroup // commands executing on it (Subsystem.acquire)
 	removed atomic.Bool    // RemoveNamespace began: no new registrations
@@ -277,13 +334,19 @@ type Namespace struct {
 // AddNamespace creates a namespace over cfg.Backing. Its identity (NGUID,
 // UUID) comes from the metadata store when the same backing (path and
 // size) had it before under the same NSID; otherwise it is drawn afresh
-// and recorded.
+// and recorded. Connected hosts get a Namespace Attribute Changed notice.
 func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 	t := s.t
 	if cfg.Backing == nil {
 		return nil, fmt.Errorf("target: subsystem %s: namespace without a backing device", s.nqn)
 	}
 	size := cfg.Backing.Size() / BlockSize * BlockSize
+	if cfg.Size != 0 {
+		if cfg.Size%BlockSize != 0 || cfg.Size > size {
+			return nil, fmt.Errorf("target: subsystem %s: size %d is not a multiple of %d within the %d bytes of backing %s", s.nqn, cfg.Size, BlockSize, size, cfg.Backing.Path())
+		}
+		size = cfg.Size
+	}
 	if size < 16*BlockSize {
 		return nil, fmt.Errorf("target: subsystem %s: backing %s of %d bytes is too small (at least %d)", s.nqn, cfg.Backing.Path(), cfg.Backing.Size(), 16*BlockSize)
 	}
@@ -319,12 +382,17 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		return nil, fmt.Errorf("target: subsystem %s namespace %d on %s: %w", s.nqn, nsid, cfg.Backing.Path(), err)
 	}
 
-	n := &Namespace{sub: s, nsid: nsid, dev: cfg.Backing}
+	n := &Namespace{sub: s, nsid: nsid, dev: cfg.Backing, managed: cfg.managed}
 	var rec namespaceRecord
 	found := false
 	if t.meta != nil {
+		// A failed store may hold records its failed writes left in its
+		// memory: nothing is taken from it any more.
+		if err := t.meta.refuseRecord(); err != nil {
+			return fail(err)
+		}
 		var err error
-		if rec, found, err = t.meta.namespace(s.nqn, nsid); err != nil {
+		if rec, found, err = t.meta.namespace(s.nqn, nsid, cfg.managed != nil); err != nil {
 			return fail(err)
 		}
 		if found && (rec.Backing != cfg.Backing.Path() || rec.Size != size) {
@@ -337,6 +405,7 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		rec = namespaceRecord{SubNQN: s.nqn, NSID: nsid, Backing: cfg.Backing.Path(), Size: size, Created: time.Now().UTC()}
 		rand.Read(rec.NGUID[:])
 		rec.UUID = nvme.NewUUID()
+		cfg.managed.fill(&rec)
 		if t.meta != nil {
 			if err := t.meta.putNamespace(rec); err != nil {
 				return fail(err)
@@ -363,9 +432,17 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		s.ns[nsid] = n
 		s.mu.Unlock()
 		t.genCtr.Add(1)
+		s.namespaceChanged(nsid)
 		return n, nil
 	}
-	opts := []swap.Option{swap.WithSize(size), swap.WithLogger(t.log)}
+	maxSize := cfg.MaxSize
+	if maxSize == 0 {
+		maxSize = DefaultMaxSize(size)
+	}
+	opts := []swap.Option{swap.WithSize(size), swap.WithMaxSize(max(maxSize, size)), swap.WithLogger(t.log)}
+	if t.cfg.sharesMemory() {
+		opts = append(opts, swap.WithShareable())
+	}
 	if cfg.Budget > 0 {
 		opts = append(opts, swap.WithBudget(cfg.Budget))
 	}
@@ -393,6 +470,7 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 	s.ns[nsid] = n
 	s.mu.Unlock()
 	t.genCtr.Add(1)
+	s.namespaceChanged(nsid)
 	return n, nil
 }
 
@@ -402,8 +480,9 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 // holding the rkey gets a remote access error), the commands executing on
 // it finish, and then its region is flushed and closed and its backing
 // device closed. Its identity stays in the metadata store: the same backing
-// added again under the same NSID keeps its NGUID. Namespaces of the pinned
-// baseline cannot be removed.
+// added again under the same NSID keeps its NGUID. Connected hosts get a
+// Namespace Attribute Changed notice. Namespaces of the pinned baseline
+// cannot be removed.
 func (s *Subsystem) RemoveNamespace(nsid uint32) error {
 	s.mu.Lock()
 	n := s.ns[nsid]
@@ -426,6 +505,7 @@ func (s *Subsystem) RemoveNamespace(nsid uint32) error {
 			c.revokeRegion(nsid)
 		}
 	}
+	s.namespaceChanged(nsid)
 	n.users.Wait()
 	err := n.close()
 	s.t.log.Info("target: namespace removed", "subsystem", s.nqn, "nsid", nsid, "backing", n.dev.Path(), "err", err)
@@ -488,6 +568,41 @@ func (n *Namespace) close() error {
 		}
 	})
 	return n.closeErr
+}
+
+// closeReporting closes n as close does; when its data did not all reach
+// the backing device it also says which byte ranges may not have: the pages
+// still dirty after a failed flush. Close retries that flush, and nothing
+// writes to them any more, so the pages it leaves dirty are among these.
+func (n *Namespace) closeReporting() ([]ByteRange, error) {
+	var dirty []ByteRange
+	if n.region != nil {
+		if err := n.region.Flush(); err != nil {
+			dirty = dirtyRanges(n.region.States())
+		}
+	}
+	if err := n.close(); err != nil {
+		return dirty, err
+	}
+	return nil, nil
+}
+
+// dirtyRanges coalesces the dirty pages of a region's states into byte
+// ranges.
+func dirtyRanges(states []uint64) []ByteRange {
+	var out []ByteRange
+	for p := range states {
+		if atomic.LoadUint64(&states[p])&swap.StateDirty == 0 {
+			continue
+		}
+		off := int64(p) * swap.PageSize
+		if k := len(out) - 1; k >= 0 && out[k].Off+out[k].Len == off {
+			out[k].Len += swap.PageSize
+			continue
+		}
+		out = append(out, ByteRange{Off: off, Len: swap.PageSize})
+	}
+	return out
 }
 
 // Flush makes every completed write to the namespace durable.

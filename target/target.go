@@ -10,17 +10,18 @@ package target
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
@@ -43,6 +44,10 @@ const (
 	// reclaim timeout): a failed queue's command that will end is waited
 	// for.
 	DefaultFenceTimeout = 15 * time.Second
+	// DefaultMetadataProbeInterval is how often the metadata store's
+	// directory is probed while nothing is written to it: a store that
+	// failed then shows within this long (docs/target.md §6).
+	DefaultMetadataProbeInterval = 10 * time.Second
 	// BlockSize is the LBA size of every namespace: the page size of the
 	// region, so that one block is one page of residency.
 	BlockSize = 4096
@@ -53,7 +58,9 @@ type Option func(*config)
 
 type config struct {
 	provider       nprdma.Provider
-	listen         string
+	listen         []string
+	listenTCP      string
+	listenTCPDisc  string
 	dataDir        string
 	reg            prometheus.Registerer
 	log            *slog.Logger
@@ -71,13 +78,33 @@ type config struct {
 	fenceTimeout   time.Duration
 	keyring        Keyring
 	authTimeout    time.Duration
+	metaProbe      time.Duration
+	manage         manageConfig // manage.go
 }
 
 // WithProvider sets the nprdma provider (default nprdma/tcp).
 func WithProvider(p nprdma.Provider) Option { return func(c *config) { c.provider = p } }
 
-// WithListen sets the address hosts connect to (default DefaultListen).
-func WithListen(addr string) Option { return func(c *config) { c.listen = addr } }
+// WithListen sets the addresses hosts connect to over the nprdma fabric
+// (default DefaultListen); Addr is the first. An address "unix:PATH"
+// (shm.Scheme) accepts initiators on this host over shared memory
+// (nprdma/shm) on the unix socket PATH, whatever the provider of the
+// others, and makes the namespaces' regions shareable, so that those
+// initiators read them in place.
+func WithListen(addrs ...string) Option { return func(c *config) { c.listen = addrs } }
+
+// WithListenNVMeTCP also serves the subsystems to NVMe/TCP hosts (a stock
+// Linux host's `nvme connect -t tcp`) at addr, host:port (default "": not
+// served). Its port answers the discovery NQN too. Reads over NVMe/TCP are
+// two-sided, through the namespaces' regions like every command.
+func WithListenNVMeTCP(addr string) Option { return func(c *config) { c.listenTCP = addr } }
+
+// WithListenNVMeTCPDiscovery serves an NVMe/TCP discovery controller, and
+// nothing else, at addr (default "": not served; 8009 is the port hosts try
+// by convention). Its discovery log points at the WithListenNVMeTCP port.
+func WithListenNVMeTCPDiscovery(addr string) Option {
+	return func(c *config) { c.listenTCPDisc = addr }
+}
 
 // WithDataDir keeps the durable metadata (namespace identity, host lists,
 // the clean-shutdown marker) in a badger store in dir. Without it identities
@@ -144,6 +171,12 @@ func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll 
 // could let the old command overwrite it.
 func WithFenceTimeout(d time.Duration) Option { return func(c *config) { c.fenceTimeout = d } }
 
+// WithMetadataProbeInterval sets how often the metadata store's directory
+// is probed (a small file rewritten and synced) while nothing is written to
+// it (default DefaultMetadataProbeInterval; 0 turns the timer off, every
+// write still probes first). Without a data directory it does nothing.
+func WithMetadataProbeInterval(d time.Duration) Option { return func(c *config) { c.metaProbe = d } }
+
 // WithQPTimeout sets the queue pairs' peer-silence timeout.
 func WithQPTimeout(d time.Duration) Option { return func(c *config) { c.qpTimeout = d } }
 
@@ -162,29 +195,33 @@ type Target struct {
 	instance nvme.NPInstance // what hosts see of this process (Identify Controller)
 	accepted atomic.Bool     // a connection was accepted: this run may have changed data
 
-	mu        sync.Mutex
-	subs      map[string]*Subsystem
-	ctrls     map[uint16]*controller
-	nextCNTL  uint16
-	queues    map[*queueConn]struct{}
-	ln        *fabric.Listener
-	started   bool
-	closed    bool
-	acceptCtx context.CancelFunc
-	acceptWG  sync.WaitGroup
-	retiring  sync.WaitGroup // replaced controllers finishing their teardown
+	mu         sync.Mutex
+	subs       map[string]*Subsystem
+	ctrls      map[uint16]*controller
+	nextCNTL   uint16
+	queues     map[*queueConn]struct{}
+	ports      []*port // the nprdma fabric's first
+	started    bool
+	stopping   bool // Shutdown or Close began
+	closed     bool // the connections are closed
+	acceptCtx  context.Context
+	stopAccept context.CancelFunc
+	acceptWG   sync.WaitGroup
+	retiring   sync.WaitGroup // replaced controllers finishing their teardown
 
 	draining atomic.Bool
 	drainMu  sync.RWMutex   // orders draining against inflight.Add (handle)
 	inflight sync.WaitGroup // commands executing (not parked AERs)
 	tags     atomic.Uint64
 	genCtr   atomic.Uint64 // discovery log generation
+
+	manageMu sync.Mutex // orders the management operations (manage.go)
 }
 
 // New creates a target. Add subsystems and namespaces, then Start it.
 func New(opts ...Option) (*Target, error) {
 	cfg := config{
-		listen:         DefaultListen,
+		listen:         []string{DefaultListen},
 		log:            slog.Default(),
 		maxKATO:        DefaultMaxKeepAlive,
 		maxControllers: DefaultMaxControllers,
@@ -196,12 +233,21 @@ func New(opts ...Option) (*Target, error) {
 		icd:            DefaultInCapsuleData,
 		fenceTimeout:   DefaultFenceTimeout,
 		authTimeout:    DefaultAuthTimeout,
+		metaProbe:      DefaultMetadataProbeInterval,
 	}
 	for _, o := range opts {
 		o(&cfg)
 	}
 	if cfg.provider == nil {
 		cfg.provider = tcp.New()
+	}
+	if len(cfg.listen) == 0 {
+		return nil, fmt.Errorf("target: no listen address")
+	}
+	if cfg.sharesMemory() {
+		if _, ok := cfg.provider.(*shm.Provider); !ok {
+			cfg.provider = nprdma.NewSchemes(cfg.provider, map[string]nprdma.Provider{strings.TrimSuffix(shm.Scheme, ":"): shm.New()})
+		}
 	}
 	if cfg.maxTransfer < 2*BlockSize || cfg.maxTransfer > fabric.MaxTransfer {
 		return nil, fmt.Errorf("target: max transfer %d outside [%d, %d]", cfg.maxTransfer, 2*BlockSize, fabric.MaxTransfer)
@@ -211,6 +257,9 @@ func New(opts ...Option) (*Target, error) {
 	}
 	if cfg.fenceTimeout <= 0 {
 		return nil, fmt.Errorf("target: fence timeout %v must be positive", cfg.fenceTimeout)
+	}
+	if cfg.metaProbe < 0 {
+		return nil, fmt.Errorf("target: metadata probe interval %v is negative", cfg.metaProbe)
 	}
 	if cfg.pinnedBudget < 0 {
 		return nil, fmt.Errorf("target: pinned budget %d is negative", cfg.pinnedBudget)
@@ -242,7 +291,7 @@ func New(opts ...Option) (*Target, error) {
 		}
 	}
 	if cfg.dataDir != "" {
-		if t.meta, err = openMeta(cfg.dataDir, t.log); err != nil {
+		if t.meta, err = openMeta(cfg.dataDir, cfg.metaProbe, t.log); err != nil {
 			return fail(err)
 		}
 		if t.prevRun, t.instance.UncleanStarts, err = t.meta.markRunning(); err != nil {
@@ -256,6 +305,17 @@ func New(opts ...Option) (*Target, error) {
 		}
 	}
 	return t, nil
+}
+
+// sharesMemory reports whether some listen address is a shared-memory one:
+// the namespaces' regions are then made shareable.
+func (c *config) sharesMemory() bool {
+	for _, a := range c.listen {
+		if strings.HasPrefix(a, shm.Scheme) {
+			return true
+		}
+	}
+	return false
 }
 
 // newBootID returns a random, non-zero identifier of this process.
@@ -310,69 +370,91 @@ func (t *Target) Device() *nprdma.Device { return t.dev }
 func (t *Target) Start() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.started || t.closed {
+	if t.started || t.stopping {
 		return fmt.Errorf("target: already started or closed")
 	}
-	opts := []fabric.ListenOption{
-		fabric.WithQueueEntries(fabric.DefaultAdminQueueEntries, t.cfg.queueDepth),
-		fabric.WithInCapsuleData(t.cfg.icd),
-		fabric.WithMaxQueueID(t.cfg.maxIOQueues),
-		fabric.WithMaxQueues(t.cfg.maxConnections),
-		fabric.WithDataPool(t.pool),
-		fabric.WithListenLogger(t.log),
+	if t.cfg.listenTCPDisc != "" && t.cfg.listenTCP == "" {
+		return fmt.Errorf("target: an NVMe/TCP discovery port without an NVMe/TCP port to point hosts at")
 	}
-	if t.cfg.qpTimeout != 0 {
-		opts = append(opts, fabric.WithControllerQPTimeout(t.cfg.qpTimeout))
-	}
-	if t.cfg.busyPoll > 0 {
-		opts = append(opts, fabric.WithReceiveBusyPoll(t.cfg.busyPoll))
-	}
-	ln, err := fabric.Listen(t.pd, t.cfg.listen, opts...)
-	if err != nil {
+	ports := make([]*port, 0, len(t.cfg.listen)+2)
+	fail := func(err error) error {
+		for _, p := range ports {
+			p.ln.Close()
+			if p.release != nil {
+				p.release()
+			}
+		}
 		return fmt.Errorf("target: %w", err)
 	}
-	t.ln = ln
+	for _, addr := range t.cfg.listen {
+		p, err := t.listenFabric(addr)
+		if err != nil {
+			return fail(err)
+		}
+		ports = append(ports, p)
+	}
+	for _, l := range []struct {
+		addr string
+		disc bool
+	}{{t.cfg.listenTCP, false}, {t.cfg.listenTCPDisc, true}} {
+		if l.addr == "" {
+			continue
+		}
+		p, err := t.listenTCP(l.addr, l.disc)
+		if err != nil {
+			return fail(err)
+		}
+		ports = append(ports, p)
+	}
 	t.started = true
-	ctx, cancel := context.WithCancel(context.Background())
-	t.acceptCtx = cancel
-	t.acceptWG.Add(1)
-	go t.acceptLoop(ctx)
+	t.acceptCtx, t.stopAccept = context.WithCancel(context.Background())
+	for _, p := range ports {
+		t.addPortLocked(p)
+	}
 	return nil
 }
 
-// Addr is the address hosts connect to (after Start).
+// Addr is the address hosts connect to over the nprdma fabric (after
+// Start): the first listen address.
 func (t *Target) Addr() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.ln == nil {
+	if len(t.ports) == 0 {
 		return ""
 	}
-	return t.ln.Addr()
+	return t.ports[0].ln.Addr()
 }
 
-func (t *Target) acceptLoop(ctx context.Context) {
-	defer t.acceptWG.Done()
-	for {
-		q, err := t.ln.Accept(ctx)
-		if err != nil {
-			return
+// Addrs are all the addresses hosts connect to over the nprdma fabric
+// (after Start), in the order of WithListen.
+func (t *Target) Addrs() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for _, p := range t.ports {
+		if p.transport == "nprdma" {
+			out = append(out, p.ln.Addr())
 		}
-		qc := newQueueConn(t, q)
-		t.accepted.Store(true)
-		t.mu.Lock()
-		if t.closed || t.draining.Load() {
-			t.mu.Unlock()
-			q.Close()
-			continue
-		}
-		t.queues[qc] = struct{}{}
-		t.mu.Unlock()
-		if t.met != nil {
-			t.met.connections.Inc()
-		}
-		q.Start(qc.handle)
-		go qc.watch()
 	}
+	return out
+}
+
+// NVMeTCPAddr is the address of the NVMe/TCP port, "" when not served.
+func (t *Target) NVMeTCPAddr() string { return t.tcpAddr(false) }
+
+// NVMeTCPDiscoveryAddr is the address of the NVMe/TCP discovery port, ""
+// when not served.
+func (t *Target) NVMeTCPDiscoveryAddr() string { return t.tcpAddr(true) }
+
+func (t *Target) tcpAddr(discoveryOnly bool) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range t.ports {
+		if p.transport == "tcp" && p.discoveryOnly == discoveryOnly {
+			return p.ln.Addr()
+		}
+	}
+	return ""
 }
 
 // Subsystems lists the subsystems by NQN.
@@ -392,134 +474,6 @@ func (t *Target) Subsystem(nqn string) *Subsystem {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.subs[nqn]
-}
-
-// Shutdown stops the target gracefully: it stops accepting connections,
-// answers new commands with "aborted", waits (up to ctx) for the commands
-// executing, closes every queue, flushes and closes every namespace, and
-// records a clean shutdown. A flush error is returned and leaves the
-// shutdown unclean.
-func (t *Target) Shutdown(ctx context.Context) error {
-	if !t.stopAccepting() {
-		return nil
-	}
-	for _, c := range t.controllers() {
-		c.abortAERs()
-	}
-	drained := make(chan struct{})
-	go func() { t.inflight.Wait(); close(drained) }()
-	var err error
-	select {
-	case <-drained:
-	case <-ctx.Done():
-		err = fmt.Errorf("target: shutdown: commands still executing: %w", ctx.Err())
-	}
-	if cerr := t.close(); cerr != nil && err == nil {
-		err = cerr
-	}
-	if err == nil && t.meta != nil {
-		err = t.meta.markClean()
-	}
-	t.closeMeta()
-	return err
-}
-
-// Close stops the target at once (no drain), still flushing the namespaces;
-// the shutdown is not recorded as clean, unless the target never accepted a
-// connection (see closeMetaUnserved).
-func (t *Target) Close() error {
-	if !t.stopAccepting() {
-		return nil
-	}
-	if err := t.close(); err != nil {
-		t.closeMeta()
-		return err
-	}
-	t.closeMetaUnserved()
-	return nil
-}
-
-// closeMetaUnserved closes the metadata store of a target that never
-// accepted a connection, leaving the previous run's record as it found it: a
-// run that served nothing changed no data, so a start that fails (a port in
-// use, a bad namespace) must not make the next start report a crash, nor
-// hide one. A clean or first previous run is recorded as a clean shutdown;
-// after a crash the marker stays absent.
-func (t *Target) closeMetaUnserved() {
-	if t.meta != nil && !t.accepted.Load() && t.prevRun != PreviousRunUnclean && t.prevRun != PreviousRunUnknown {
-		if err := t.meta.markClean(); err != nil {
-			t.log.Warn("target: recording the shutdown of a run that served nothing", "err", err)
-		}
-	}
-	t.closeMeta()
-}
-
-// stopAccepting answers new commands with "aborted" from now on, closes the
-// listener and waits for the accept loop; false when the target is closed
-// already.
-func (t *Target) stopAccepting() bool {
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		return false
-	}
-	t.drainMu.Lock()
-	t.draining.Store(true)
-	t.drainMu.Unlock()
-	ln := t.ln
-	t.mu.Unlock()
-	if ln != nil {
-		ln.Close()
-		t.acceptCtx()
-		t.acceptWG.Wait()
-	}
-	return true
-}
-
-func (t *Target) closeMeta() {
-	if t.meta != nil {
-		t.meta.close()
-		t.meta = nil
-	}
-}
-
-// close tears down every controller and queue, then closes the namespaces
-// (flushing them) and the device.
-func (t *Target) close() error {
-	for _, c := range t.controllers() {
-		c.teardown("target shutting down")
-	}
-	t.mu.Lock()
-	t.closed = true
-	qs := make([]*queueConn, 0, len(t.queues))
-	for qc := range t.queues {
-		qs = append(qs, qc)
-	}
-	t.mu.Unlock()
-	for _, qc := range qs {
-		qc.q.Close()
-	}
-	for _, qc := range qs {
-		qc.q.Wait()
-	}
-	t.retiring.Wait()
-	var errs []error
-	for _, s := range t.Subsystems() {
-		for _, ns := range s.Namespaces() {
-			if err := ns.close(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	if t.ln != nil {
-		t.ln.ClosePool()
-	}
-	t.pool.Close()
-	if t.pins != nil {
-		t.pins.release()
-	}
-	t.dev.Close()
-	return errors.Join(errs...)
 }
 
 func (t *Target) controllers() []*controller {

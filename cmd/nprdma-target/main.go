@@ -2,7 +2,8 @@
 // namespace lives in a memory region registered for one-sided remote reads
 // without pinning, as large as the namespace and several times larger than
 // the DRAM the target may use (--memory); cold pages live on the backing
-// device. See docs/target.md.
+// device. With --listen-nvme-tcp it serves the same namespaces to standard
+// NVMe/TCP hosts. See docs/target.md.
 package main
 
 import (
@@ -15,7 +16,7 @@ import (
 )
 
 func main() {
-	if err := newApp().Run(os.Args); err != nil {
+	if err := newApp().Run(interspersed(os.Args)); err != nil {
 		fmt.Fprintln(os.Stderr, "nprdma-target:", err)
 		os.Exit(1)
 	}
@@ -34,14 +35,20 @@ func newApp() *cli.App {
 			"as the namespace; at most --memory of it is resident in DRAM, the rest lives on the backing device.\n" +
 			"Hosts read with one-sided RDMA READs and fall back to NVMe Read commands for pages that are not\n" +
 			"resident. Without --backing or --config a sparse file of --default-size is created under --data-dir.\n" +
-			"SIGTERM or SIGINT: stop accepting, drain the commands in flight, flush every namespace, exit 0\n" +
+			"With --listen-nvme-tcp, stock NVMe/TCP hosts (the Linux kernel's nvme-tcp) reach the same namespaces\n" +
+			"with two-sided reads through the same DRAM cache.\n" +
+			"SIGTERM or SIGINT: stop accepting, drain the commands in flight, flush every namespace, record a clean\n" +
+			"shutdown, exit 0; all of it within --shutdown-timeout. A stop that is not clean (a backing device or the\n" +
+			"metadata store failing or not answering) exits 1 by then, saying what was and was not persisted\n" +
 			"(another SIGTERM or SIGINT during the flush is logged and ignored; SIGKILL stops at once).\n" +
 			"SIGHUP: read the DH-HMAC-CHAP key files again (new connections and re-authentications use them).",
 		Flags: append([]cli.Flag{
 			&cli.StringSliceFlag{Name: "backing", Usage: "a block device or file to serve, as PATH[,nsid=N][,budget=SIZE] (repeatable: one namespace each, in the subsystem --nqn; budget overrides this namespace's share of --memory)"},
 			&cli.StringFlag{Name: "config", Usage: "JSON file describing several subsystems and namespaces (see docs/target.md); used instead of --backing/--nqn/--allow-host"},
 			&cli.StringFlag{Name: "memory", Value: "1GiB", Usage: "DRAM budget for all namespaces together, at least 1MiB (units KiB, MiB, GiB, TiB); namespaces without their own budget share it in proportion to their sizes"},
-			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:4420", Usage: "address to accept connections on (tcp: host:port; loop: a name)"},
+			&cli.StringSliceFlag{Name: "listen", Value: cli.NewStringSlice("127.0.0.1:4420"), Usage: "address to accept nprdma fabric connections on (tcp: host:port; loop: a name); unix:PATH also serves initiators on this host over shared memory on the unix socket PATH, which read the namespaces in place without this process's CPU (repeatable: e.g. --listen 127.0.0.1:4420 --listen unix:/run/nprdma/target.sock; `nprdma-initiator attach` finds the socket through discovery)"},
+			&cli.StringFlag{Name: "listen-nvme-tcp", Usage: "also serve the same subsystems to standard NVMe/TCP hosts (Linux nvme connect -t tcp) on `ADDR`, host:port, e.g. 127.0.0.1:4421 (4420 by convention when --listen is elsewhere); reads are two-sided, through the same DRAM cache; the port answers the discovery NQN too (empty: off)"},
+			&cli.StringFlag{Name: "listen-nvme-tcp-discovery", Usage: "serve an NVMe/TCP discovery controller, and nothing else, on `ADDR`, host:port (8009 by convention, where nvme discover looks); needs --listen-nvme-tcp, which its log points hosts at (empty: off)"},
 			&cli.StringFlag{Name: "nqn", Value: DefaultNQN, Usage: "NQN of the subsystem that holds the --backing namespaces"},
 			&cli.StringSliceFlag{Name: "allow-host", Usage: "host NQN allowed to connect to the subsystem (repeatable; hosts not listed are refused)"},
 			&cli.BoolFlag{Name: "allow-any-host", Usage: "let every host connect (no access control)"},
@@ -59,10 +66,11 @@ func newApp() *cli.App {
 			&cli.DurationFlag{Name: "max-keep-alive", Value: 0, Usage: "cap on the keep-alive timeout hosts ask for (0: 5m0s)"},
 			&cli.DurationFlag{Name: "busy-poll", Usage: "spin up to this long (e.g. 50us) for the next command on each queue before sleeping: saves a thread wake-up per command where an idle core is awake, costs a CPU while commands flow; on a small VM whose idle vCPUs halt it can cost latency instead (docs/nprdma.md §3) (0: off)"},
 			&cli.DurationFlag{Name: "fence-timeout", Value: target.DefaultFenceTimeout, Usage: "after a host's connection is lost, how long its new writes wait for an old write of the lost queue still changing the same blocks before failing with Namespace Not Ready (a status hosts retry)"},
-			&cli.DurationFlag{Name: "shutdown-timeout", Value: 0, Usage: "how long SIGTERM waits for commands in flight before closing anyway (0: 30s)"},
-		}, limitCLIFlags()...),
-		Commands:        []*cli.Command{genDHCHAPKeyCommand()},
+			&cli.DurationFlag{Name: "shutdown-timeout", Value: 0, Usage: "bound on the whole stop after SIGTERM: commands in flight are waited for at most half of it, the rest is for flushing the namespaces and closing the metadata store; whatever has not finished by then is reported and the exit status is 1 (0: 30s)"},
+			&cli.DurationFlag{Name: "metadata-probe-interval", Value: target.DefaultMetadataProbeInterval, Usage: "how often the metadata store's directory under --data-dir is probed (a small file rewritten and synced) while nothing is written to it, so that a directory removed, read-only or failing shows on /healthz and in nprdma_target_metadata_healthy (0: only before each metadata write)"},
+		}, append(limitCLIFlags(), manageCLIFlags()...)...),
 		HideHelpCommand: true,
 		Action:          serve,
+		Commands:        []*cli.Command{ctlCommand(), genDHCHAPKeyCommand()},
 	}
 }
