@@ -52,7 +52,7 @@ func (r *rig) tryConnect(t *testing.T, opts ...Option) (*Controller, error) {
 	defer cancel()
 	opts = append([]Option{WithStateFile(t.TempDir() + "/hostid"), WithLogger(quiet), WithIOQueues(2), WithHostNQN(authHost),
 		WithControllerLossTimeout(time.Second)}, opts...)
-	c, err := Connect(ctx, r.dev, r.tg.Addr(), testSubNQN, opts...)
+	c, err := ConnectOver(ctx, r.transport(), r.addr(), testSubNQN, opts...)
 	if err == nil {
 		t.Cleanup(func() { c.Close() })
 	}
@@ -60,11 +60,12 @@ func (r *rig) tryConnect(t *testing.T, opts ...Option) (*Controller, error) {
 }
 
 // TestAuthenticatedHostReadsAndWrites: our initiator and our target with
-// unidirectional and bidirectional secrets, over loop and tcp; the data
-// written comes back, one-sided reads included (the region descriptor
-// and the queues' access came after authentication).
+// unidirectional and bidirectional secrets, over every transport; the data
+// written comes back, over the nprdma fabric one-sided reads included (the
+// region descriptor and the queues' access came after authentication),
+// over NVMe/TCP every read two-sided.
 func TestAuthenticatedHostReadsAndWrites(t *testing.T) {
-	for _, k := range kinds {
+	for _, k := range everyTransport {
 		for _, bidi := range []bool{false, true} {
 			name := k.name + "/unidirectional"
 			if bidi {
@@ -87,7 +88,10 @@ func TestAuthenticatedHostReadsAndWrites(t *testing.T) {
 				writePattern(t, n, 0xa17, 1<<20)
 				verifyRange(t, n, 0, n.Size(), 0xa17)
 				verifyRange(t, n, 4096, 8192, 0xa17)
-				if s := c.Stats(); s.ReadsOneSided == 0 {
+				switch s := c.Stats(); {
+				case k.nvmeTCP && (s.ReadsOneSided != 0 || s.TwoSidedReads == 0):
+					t.Fatalf("over NVMe/TCP: %+v, want two-sided reads only", s)
+				case !k.nvmeTCP && s.ReadsOneSided == 0:
 					t.Fatalf("no one-sided read after authentication: %+v", s)
 				}
 			})
@@ -97,9 +101,14 @@ func TestAuthenticatedHostReadsAndWrites(t *testing.T) {
 
 // TestAuthenticationRefusals: a wrong host secret, no secret, and a
 // controller that cannot prove itself each fail Connect with an error that
-// says so.
+// says so, over the nprdma fabric and over NVMe/TCP.
 func TestAuthenticationRefusals(t *testing.T) {
-	k := kinds[0]
+	for _, k := range []fabricKind{kinds[0], nvmeTCPKind} {
+		t.Run(k.name, func(t *testing.T) { authenticationRefusals(t, k) })
+	}
+}
+
+func authenticationRefusals(t *testing.T, k fabricKind) {
 	host, ctrl := newSecret(t, dhchap.HashSHA256), newSecret(t, dhchap.HashSHA384)
 	for name, tc := range map[string]struct {
 		target dhchap.Credentials

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nprdma/nprdma/internal/nvmetcptest"
 	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
@@ -93,13 +94,39 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// tcpExchanger carries DH-HMAC-CHAP messages over a raw NVMe/TCP host
+// queue (the messages in the capsule, as Linux sends them).
+type tcpExchanger struct{ h *nvmetcptest.Host }
+
+func (x tcpExchanger) Send(ctx context.Context, msg []byte) error {
+	c, err := x.h.Exec(nvme.AuthSendCommand(uint32(len(msg)), nvme.SGLDescriptor{}), msg, nil)
+	if err != nil {
+		return err
+	}
+	return c.Err()
+}
+
+func (x tcpExchanger) Receive(ctx context.Context, al int) ([]byte, error) {
+	b := make([]byte, al)
+	c, err := x.h.Exec(nvme.AuthReceiveCommand(uint32(al), nvme.SGLDescriptor{}), nil, b)
+	if err != nil {
+		return nil, err
+	}
+	return b, c.Err()
+}
+
 func authenticate(t *testing.T, q *fabric.HostQueue, host, ctrl *dhchap.Secret) error {
+	t.Helper()
+	return authenticateOver(t, queueExchanger{q}, host, ctrl)
+}
+
+func authenticateOver(t *testing.T, x dhchap.Exchanger, host, ctrl *dhchap.Secret) error {
 	t.Helper()
 	h, err := dhchap.NewHost(hostNQN, subNQN, host, ctrl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = h.Authenticate(context.Background(), queueExchanger{q}, 1)
+	_, err = h.Authenticate(context.Background(), x, 1)
 	return err
 }
 
@@ -354,4 +381,77 @@ func TestImpostorIOQueueGetsNothing(t *testing.T) {
 	if b, err = read(io1); err != nil || !bytes.Equal(b, data) {
 		t.Fatalf("the host's one-sided READ with the same key: %v, data equal %v", err, bytes.Equal(b, data))
 	}
+}
+
+// TestAuthenticationOverNVMeTCP: the same rules over NVMe/TCP, where there
+// is no region to grant: a host with a secret gets ATR at Connect, every
+// command but Authentication Send and Receive gets Authentication Required
+// (DNR) on the admin and the I/O queue until that queue authenticated
+// (bidirectionally, the messages in the capsule), and everything works
+// after; a wrong secret is refused with AUTH_Failure1 and ends the
+// controller.
+func TestAuthenticationOverNVMeTCP(t *testing.T) {
+	keys := &testKeyring{creds: map[string]dhchap.Credentials{}}
+	r := newTCPRig(t, target.WithKeyring(keys))
+	host, ctrl := secret(t), secret(t)
+	keys.set(hostNQN, dhchap.Credentials{Host: host, Controller: ctrl})
+	addr := r.tg.NVMeTCPAddr()
+
+	h := nvmetcptest.Dial(t, addr, 0)
+	c := h.Connect(t, 0, 31, subNQN, hostNQN, 0)
+	wantOK(t, c, "admin connect")
+	resp := nvme.DecodeConnectResponse(c.DW0)
+	if !resp.AuthRequired {
+		t.Fatalf("connect response %+v: no ATR for a host with a secret", resp)
+	}
+	c = exec(t, h, mc(t)(nvme.PropertyGetCommand(nvme.PropCAP, 8)), nil, nil)
+	wantCQE(t, c, nvme.StatusAuthenticationRequired, "property get before authentication")
+	if !c.Status.DNR() {
+		t.Fatalf("property get: %v without DNR", c.Status)
+	}
+	buf, c := identify(t, h, nvme.CNSController, 0)
+	wantCQE(t, c, nvme.StatusAuthenticationRequired, "identify before authentication")
+	if !bytes.Equal(buf, make([]byte, len(buf))) {
+		t.Fatal("identify data came back before authentication")
+	}
+	if err := authenticateOver(t, tcpExchanger{h}, host, ctrl); err != nil {
+		t.Fatal(err)
+	}
+	cc := nvme.CC{EN: true, IOSQES: 6, IOCQES: 4}
+	wantOK(t, exec(t, h, mc(t)(nvme.PropertySetCommand(nvme.PropCC, 4, uint64(cc.Encode()))), nil, nil), "CC.EN after authentication")
+	_, c = identify(t, h, nvme.CNSController, 0)
+	wantOK(t, c, "identify after authentication")
+	wantOK(t, exec(t, h, nvme.SetFeaturesCommand(nvme.FeatureNumberOfQueues, 0, false), nil, nil), "number of queues")
+
+	io := nvmetcptest.Dial(t, addr, 0)
+	c = io.Connect(t, 1, 31, subNQN, hostNQN, resp.CNTLID)
+	wantOK(t, c, "I/O connect")
+	if !nvme.DecodeConnectResponse(c.DW0).AuthRequired {
+		t.Fatalf("I/O connect %#x: no ATR", c.DW0)
+	}
+	data := bytes.Repeat([]byte("auth"), target.BlockSize/4)
+	c = exec(t, io, mc(t)(nvme.WriteCommand(tcpNSID, 5, 1, 0, nvme.SGLDescriptor{})), data, nil)
+	wantCQE(t, c, nvme.StatusAuthenticationRequired, "write before authentication")
+	if err := authenticateOver(t, tcpExchanger{io}, host, ctrl); err != nil {
+		t.Fatal(err)
+	}
+	wantOK(t, exec(t, io, mc(t)(nvme.WriteCommand(tcpNSID, 5, 1, 0, nvme.SGLDescriptor{})), data, nil), "write after authentication")
+	got := make([]byte, target.BlockSize)
+	wantOK(t, exec(t, io, mc(t)(nvme.ReadCommand(tcpNSID, 5, 1, 0, nvme.SGLDescriptor{})), nil, got), "read after authentication")
+	if !bytes.Equal(got, data) {
+		t.Fatal("read back other data")
+	}
+	if n := promtest.Sum(t, r.reg, "nprdma_target_authentications_total", "result", "success"); n != 2 {
+		t.Fatalf("successful authentications %v, want 2", n)
+	}
+
+	// A wrong secret: refused, and the controller goes.
+	before := r.tg.Controllers()
+	bad := nvmetcptest.Dial(t, addr, 0)
+	wantOK(t, bad.Connect(t, 0, 31, subNQN, hostNQN, 0), "admin connect with a wrong secret")
+	if err := authenticateOver(t, tcpExchanger{bad}, secret(t), nil); !errors.Is(err, dhchap.ErrRejected) {
+		t.Fatalf("a wrong secret: %v, want a rejection", err)
+	}
+	waitFor(t, "the refused controller to go", func() bool { return r.tg.Controllers() == before })
+	bad.ExpectClosed(t)
 }
