@@ -76,6 +76,11 @@ func (a hostAuth) authenticate(ctx context.Context, q submitter, data nvme.Conne
 	case errors.Is(err, dhchap.ErrRejected):
 		return fmt.Errorf("initiator: %s refused host %s's DH-HMAC-CHAP secret on queue %d (not the secret it holds for this host?): %w",
 			data.SubNQN, data.HostNQN, q.QID(), err)
+	case errors.Is(err, dhchap.ErrUnansweredReply) && errors.Is(err, nvme.ErrQueueFailed):
+		// Linux's nvmet: it ends the controller as it refuses the host,
+		// the Failure1 often lost with the connection.
+		return fmt.Errorf("initiator: %s refused host %s's DH-HMAC-CHAP secret on queue %d (not the secret it holds for this host?): it closed the queue instead of answering the reply, as Linux's nvmet does when it refuses one: %w (%w)",
+			data.SubNQN, data.HostNQN, q.QID(), dhchap.ErrRejected, err)
 	case errors.Is(err, dhchap.ErrControllerNotAuthenticated):
 		return fmt.Errorf("initiator: %s did not prove it holds the controller secret on queue %d: %w", data.SubNQN, q.QID(), err)
 	case !atr && (errors.Is(err, nvme.StatusInvalidOpcode) || errors.Is(err, nvme.StatusInvalidField)):

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -261,5 +263,43 @@ func TestDiscoverWithSecretConfigured(t *testing.T) {
 		WithHostNQN(authHost), WithDHCHAPSecret(host))
 	if err != nil || len(l.Entries) != 1 || l.Entries[0].SubNQN != testSubNQN {
 		t.Fatalf("discover: %+v %v", l, err)
+	}
+}
+
+// nvmetQueue answers Authentication Send and Receive from a dhchap
+// controller, and fails as Linux's nvmet does when it refuses a host: the
+// queue closes after the reply, the Failure1 lost with it.
+type nvmetQueue struct {
+	c       *dhchap.Controller
+	replied bool
+}
+
+func (q *nvmetQueue) QID() uint16 { return 0 }
+
+func (q *nvmetQueue) Submit(_ context.Context, cmd nvme.Command, data []byte) (nvme.Completion, error) {
+	if cmd.FabricsType() == nvme.FabricsAuthSend {
+		q.replied = len(data) > 1 && dhchap.MessageID(data[1]) == dhchap.MsgReply
+		_, err := q.c.Send(data)
+		return nvme.Completion{}, err
+	}
+	if q.replied {
+		return nvme.Completion{}, fmt.Errorf("nvme/tcp: queue 0 to 127.0.0.1:4420: %w: EOF", nvme.ErrQueueFailed)
+	}
+	b, _, err := q.c.Receive(len(data))
+	copy(data, b)
+	return nvme.Completion{}, err
+}
+
+// TestQueueClosedAfterReplyIsARefusal: a target that closes the queue
+// instead of answering the host's reply (nvmet, refusing a secret) is
+// reported as a refusal, which stops reconnects.
+func TestQueueClosedAfterReplyIsARefusal(t *testing.T) {
+	q := &nvmetQueue{c: dhchap.NewController(authHost, testSubNQN, func() (dhchap.Credentials, bool) {
+		return dhchap.Credentials{Host: newSecret(t, dhchap.HashSHA256)}, true
+	})}
+	a := hostAuth{secret: newSecret(t, dhchap.HashSHA256)}
+	err := a.authenticate(context.Background(), q, nvme.ConnectData{SubNQN: testSubNQN, HostNQN: authHost}, true)
+	if !errors.Is(err, dhchap.ErrRejected) || !authFailure(err) || !strings.Contains(err.Error(), "refused host "+authHost+"'s DH-HMAC-CHAP secret") {
+		t.Fatalf("queue closed after the reply: %v, want a refusal naming the host", err)
 	}
 }

@@ -27,6 +27,12 @@ var (
 	// ErrControllerNotAuthenticated: the controller's response did not
 	// prove the controller secret (or it gave none when asked).
 	ErrControllerNotAuthenticated = errors.New("dhchap: the controller failed to prove it holds the controller secret")
+	// ErrUnansweredReply: the host's reply got no answer (neither Success1
+	// nor Failure1): the transport failed or ctx ended while the host
+	// waited; the transport's error is wrapped too. Linux's nvmet ends the
+	// controller as it refuses a host, often before its Failure1 has left,
+	// so from a host that is what a refusal may look like.
+	ErrUnansweredReply = errors.New("dhchap: the controller did not answer the host's reply")
 	// ErrHostFailed: the host ended the transaction with AUTH_Failure2.
 	ErrHostFailed = errors.New("dhchap: the host abandoned the authentication")
 	// ErrSequence: a command out of the protocol's order.

@@ -127,6 +127,29 @@ func TestWrongHostSecretIsRejected(t *testing.T) {
 	}
 }
 
+// closesAfterReply is a transport that fails once the host's reply went:
+// Linux's nvmet ends the controller as it refuses a host, often before its
+// Failure1 has left.
+type closesAfterReply struct{ direct }
+
+var errClosed = errors.New("queue closed")
+
+func (c *closesAfterReply) Receive(ctx context.Context, al int) ([]byte, error) {
+	if len(c.sent) > 0 && c.sent[len(c.sent)-1] == MsgReply {
+		return nil, errClosed
+	}
+	return c.direct.Receive(ctx, al)
+}
+
+func TestReplyWithoutAnswer(t *testing.T) {
+	c := NewController(testHost, testSub, fixedCreds(Credentials{Host: mustSecret(t, HashSHA256)}))
+	h, _ := NewHost(testHost, testSub, mustSecret(t, HashSHA256), nil)
+	_, err := h.Authenticate(context.Background(), &closesAfterReply{direct{c: c}}, 1)
+	if !errors.Is(err, ErrUnansweredReply) || !errors.Is(err, errClosed) || errors.Is(err, ErrRejected) {
+		t.Fatalf("a queue closed after the reply: %v, want ErrUnansweredReply wrapping the transport's error", err)
+	}
+}
+
 func TestHostWithoutCredentialsOnControllerIsRejectedAfterChallenge(t *testing.T) {
 	c := NewController(testHost, testSub, func() (Credentials, bool) { return Credentials{}, false })
 	x := &direct{c: c}

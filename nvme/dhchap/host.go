@@ -42,7 +42,8 @@ func NewHost(hostNQN, subNQN string, secret, ctrlSecret *Secret, opts ...Option)
 // host (its Failure1's explanation follows), ErrControllerNotAuthenticated
 // when the controller's response did not prove its secret, a
 // *ProtocolError when the controller broke the protocol (then, as for
-// ErrControllerNotAuthenticated, a Failure2 was sent), or the transport's
+// ErrControllerNotAuthenticated, a Failure2 was sent), ErrUnansweredReply
+// when the transport failed after the host's reply, or the transport's
 // error.
 func (h *Host) Authenticate(ctx context.Context, x Exchanger, tid uint16) (Result, error) {
 	neg, err := (&Negotiate{TID: tid, SCC: SCCNone, Hashes: h.opts.hashes, DHGroups: h.opts.groups}).Marshal()
@@ -95,8 +96,11 @@ func (h *Host) Authenticate(ctx context.Context, x Exchanger, tid uint16) (Resul
 	if err := x.Send(ctx, reply.Marshal()); err != nil {
 		return res, err
 	}
-	msg, err = h.receive(ctx, x, MsgSuccess1, tid)
+	msg, err = x.Receive(ctx, ReceiveLength)
 	if err != nil {
+		return res, fmt.Errorf("%w: %w", ErrUnansweredReply, err)
+	}
+	if msg, err = h.check(ctx, x, msg, MsgSuccess1, tid); err != nil {
 		return res, err
 	}
 	var s1 Success1
@@ -128,6 +132,12 @@ func (h *Host) receive(ctx context.Context, x Exchanger, want MessageID, tid uin
 	if err != nil {
 		return nil, err
 	}
+	return h.check(ctx, x, msg, want, tid)
+}
+
+// check returns msg if it is want of transaction tid; a Failure1 is
+// ErrRejected.
+func (h *Host) check(ctx context.Context, x Exchanger, msg []byte, want MessageID, tid uint16) ([]byte, error) {
 	hd, err := PeekHeader(msg)
 	if err != nil {
 		return nil, h.abandon(ctx, x, tid, err)
