@@ -39,7 +39,9 @@ const authDataTimeout = 10 * time.Second
 
 // WithKeyring makes hosts that have a secret in k authenticate with
 // DH-HMAC-CHAP on every queue before anything else (default: none; hosts are
-// admitted on their NQN alone). Discovery controllers never ask.
+// admitted on their NQN alone, unless the management API gave them a key
+// file: hostkeys.go, where k's secret wins). Discovery controllers never
+// ask.
 func WithKeyring(k Keyring) Option { return func(c *config) { c.keyring = k } }
 
 // WithAuthTimeout sets how long a queue has to authenticate after Connect
@@ -66,11 +68,7 @@ type queueAuth struct {
 // every transport: only the granting of regions is the nprdma fabric's.
 func (qc *queueConn) requireAuth(c *controller) bool {
 	t := qc.t
-	if c.sub == nil || t.cfg.keyring == nil {
-		qc.grantAccess(c)
-		return false
-	}
-	if _, ok := t.cfg.keyring.DHCHAP(c.sub.nqn, c.hostNQN); !ok {
+	if _, ok := t.credentials(c.sub, c.hostNQN); !ok {
 		qc.grantAccess(c)
 		return false
 	}
@@ -142,12 +140,10 @@ func (qc *queueConn) authCommand(c *controller, r Request) result {
 	a := &qc.auth
 	a.mu.Lock()
 	if a.dh == nil {
-		t, sub, host := qc.t, c.subNQN(), c.hostNQN
-		a.dh = dhchap.NewController(host, sub, func() (dhchap.Credentials, bool) {
-			if t.cfg.keyring == nil || c.sub == nil {
-				return dhchap.Credentials{}, false
-			}
-			return t.cfg.keyring.DHCHAP(sub, host)
+		t, host := qc.t, c.hostNQN
+		a.dh = dhchap.NewController(host, c.subNQN(), func() (dhchap.Credentials, bool) {
+			creds, ok := t.credentials(c.sub, host)
+			return creds, ok && creds.Host != nil
 		})
 	}
 	dh := a.dh

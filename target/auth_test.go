@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -454,4 +456,111 @@ func TestAuthenticationOverNVMeTCP(t *testing.T) {
 	}
 	waitFor(t, "the refused controller to go", func() bool { return r.tg.Controllers() == before })
 	bad.ExpectClosed(t)
+}
+
+// TestAddHostWithKeyFile: a host added through the management API with a
+// key file must authenticate with the secret in it, and keeps having to
+// after a restart (the path is recorded, never the secret). A key file open
+// to others or a relative path is refused, changing nothing; one that
+// cannot be read at start leaves the host unable to authenticate (never
+// admitted without), until it is fixed and ReloadHostKeys reads it.
+// Removing the host removes its key.
+func TestAddHostWithKeyFile(t *testing.T) {
+	const keyed = "nqn.2026-11.io.nprdma:keyed"
+	r := newManageRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := secret(t)
+	path := filepath.Join(t.TempDir(), "keyed.key")
+	if err := os.WriteFile(path, []byte(s.Encode()+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ path, says string }{{path, "open to group or others"}, {"keyed.key", "absolute"}} {
+		err := r.tg.AddHost(subNQN, target.HostConfig{NQN: keyed, DHCHAPKeyFile: c.path})
+		if !errors.Is(err, target.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
+			t.Fatalf("key file %s: %v, want ErrInvalid saying %q", c.path, err, c.says)
+		}
+	}
+	if r.tg.Subsystem(subNQN).Allows(keyed) {
+		t.Fatal("a refused add-host allowed the host")
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.tg.AddHost(subNQN, target.HostConfig{NQN: keyed, DHCHAPKeyFile: path}); err != nil {
+		t.Fatal(err)
+	}
+
+	// connect connects keyed's admin queue and says whether Connect asked it
+	// to authenticate, and whether authenticating with secret (nil: none)
+	// then let it read a property.
+	connect := func(secret *dhchap.Secret) (atr, works bool) {
+		t.Helper()
+		q := r.dial(t, 0, 0)
+		cqe, err := connectWith(t, q, nvme.ConnectData{CNTLID: nvme.DynamicControllerID, SubNQN: subNQN, HostNQN: keyed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		atr = nvme.DecodeConnectResponse(cqe.DW0).AuthRequired
+		if secret != nil {
+			h, err := dhchap.NewHost(keyed, subNQN, secret, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := h.Authenticate(ctx, queueExchanger{q}, 1); err != nil {
+				return atr, false
+			}
+		}
+		_, err = q.Submit(ctx, mc(t)(nvme.PropertyGetCommand(nvme.PropCAP, 8)), nil)
+		return atr, err == nil
+	}
+	check := func(when string, secret *dhchap.Secret, wantATR, wantWorks bool) {
+		t.Helper()
+		if atr, works := connect(secret); atr != wantATR || works != wantWorks {
+			t.Fatalf("%s: ATR %v, property get works %v; want %v, %v", when, atr, works, wantATR, wantWorks)
+		}
+	}
+	check("without a secret", nil, true, false)
+	check("with the key file's secret", s, true, true)
+	check("with another secret", secret(t), true, false)
+
+	restart := func() {
+		t.Helper()
+		if err := r.tg.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r.adminRig = r.start(t, nil)
+	}
+	restart()
+	check("after a restart, without a secret", nil, true, false)
+	check("after a restart, with the secret", s, true, true)
+
+	// A key file that cannot be read at start: the host must still
+	// authenticate, and cannot, until the file is fixed and read again.
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	restart()
+	check("with its key file unreadable", s, true, false)
+	if _, err := r.tg.ReloadHostKeys(); err == nil {
+		t.Fatal("ReloadHostKeys read a key file open to others")
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.tg.ReloadHostKeys(); err != nil || n != 1 {
+		t.Fatalf("ReloadHostKeys: %d, %v", n, err)
+	}
+	check("with its key file fixed and reloaded", s, true, true)
+
+	// Removed and allowed again without a key file: no authentication.
+	if err := r.tg.RemoveHost(subNQN, keyed); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.tg.AddHost(subNQN, target.HostConfig{NQN: keyed}); err != nil {
+		t.Fatal(err)
+	}
+	check("allowed again without a key file", nil, false, true)
+	restart()
+	check("after a restart, without a key file", nil, false, true)
 }

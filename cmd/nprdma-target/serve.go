@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -125,7 +126,8 @@ func serve(cc *cli.Context) error {
 		return err
 	}
 	// Caught from here on: SIGHUP's default would kill the target.
-	defer reloadOnSIGHUP(keys, log)()
+	var served atomic.Pointer[target.Target]
+	defer reloadOnSIGHUP(keys, &served, log)()
 
 	openBacking := func(path string) (blockdev.Device, error) {
 		openOpts := []blockdev.Option{blockdev.WithLogger(log)}
@@ -199,6 +201,7 @@ func serve(cc *cli.Context) error {
 		closeAll()
 		return err
 	}
+	served.Store(tg)
 	// The namespaces the management API created keep the budgets they were
 	// given; the configuration's share what they leave.
 	managed, err := tg.ManagedBudgets()
@@ -406,10 +409,11 @@ func keyringFor(subs []subsystemSpec, log *slog.Logger) (*fileKeyring, error) {
 	return k, nil
 }
 
-// reloadOnSIGHUP reads the key files again (k nil: there are none) on
-// every SIGHUP until the returned stop is called. A failed reload keeps the
-// secrets in force.
-func reloadOnSIGHUP(k *fileKeyring, log *slog.Logger) (stop func()) {
+// reloadOnSIGHUP reads the key files again on every SIGHUP until the
+// returned stop is called: the configuration's (k; nil: there are none) and
+// those the management API named, once tg holds the target. A failed
+// reload keeps the secrets in force.
+func reloadOnSIGHUP(k *fileKeyring, tg *atomic.Pointer[target.Target], log *slog.Logger) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	done := make(chan struct{})
@@ -417,15 +421,20 @@ func reloadOnSIGHUP(k *fileKeyring, log *slog.Logger) (stop func()) {
 		for {
 			select {
 			case <-hup:
-				if k == nil {
-					log.Info("SIGHUP: no DH-HMAC-CHAP key files to read again")
-					continue
+				if k != nil {
+					if err := k.Reload(); err != nil {
+						log.Error("SIGHUP: DH-HMAC-CHAP secrets not reloaded; the previous ones stay in force", "err", err)
+					} else {
+						log.Info("SIGHUP: DH-HMAC-CHAP secrets reloaded; new connections and re-authentications use them", "hosts", k.Hosts())
+					}
 				}
-				if err := k.Reload(); err != nil {
-					log.Error("SIGHUP: DH-HMAC-CHAP secrets not reloaded; the previous ones stay in force", "err", err)
-					continue
+				if t := tg.Load(); t != nil {
+					if n, err := t.ReloadHostKeys(); err != nil {
+						log.Error("SIGHUP: the management API's DH-HMAC-CHAP key files not reloaded; the previous ones stay in force", "err", err)
+					} else if n > 0 {
+						log.Info("SIGHUP: the management API's DH-HMAC-CHAP key files reloaded", "hosts", n)
+					}
 				}
-				log.Info("SIGHUP: DH-HMAC-CHAP secrets reloaded; new connections and re-authentications use them", "hosts", k.Hosts())
 			case <-done:
 				return
 			}
