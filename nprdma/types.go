@@ -70,6 +70,12 @@ const (
 	OpRead
 	OpRecv
 	OpRecvRDMAWithImm
+	// OpSendWithInv is a SEND that also invalidates the peer's remote key
+	// SendWR.InvalidateRKey (IBV_WR_SEND_WITH_INV), as an NVMe/RDMA
+	// controller answers a host that asked for it. Only hardware devices
+	// offer it (Caps.SendWithInvalidate); the software NIC refuses it at
+	// post time.
+	OpSendWithInv
 )
 
 func (o Opcode) String() string {
@@ -88,6 +94,8 @@ func (o Opcode) String() string {
 		return "RECV"
 	case OpRecvRDMAWithImm:
 		return "RECV_RDMA_WITH_IMM"
+	case OpSendWithInv:
+		return "SEND_WITH_INV"
 	}
 	return "opcode(" + strconv.Itoa(int(o)) + ")"
 }
@@ -127,6 +135,9 @@ const (
 	StatusRetryExceeded
 	// StatusBadResponse: the peer sent a response that breaks the protocol.
 	StatusBadResponse
+	// StatusDeviceError: a hardware device reported an error nprdma has no
+	// name for; the queue pair's Err names it.
+	StatusDeviceError
 )
 
 func (s Status) String() string {
@@ -151,6 +162,8 @@ func (s Status) String() string {
 		return "transport retry exceeded"
 	case StatusBadResponse:
 		return "bad response"
+	case StatusDeviceError:
+		return "device error"
 	}
 	return "status(" + strconv.Itoa(int(s)) + ")"
 }
@@ -186,6 +199,8 @@ type SendWR struct {
 	Inline bool
 	// InlineData is an inline payload given directly as bytes.
 	InlineData []byte
+	// InvalidateRKey is the peer's remote key an OpSendWithInv invalidates.
+	InvalidateRKey uint32
 }
 
 // RecvWR is a work request for the receive queue.
@@ -203,6 +218,10 @@ type WC struct {
 	Imm     uint32
 	HasImm  bool
 	QPNum   uint32 // the local queue pair the work request was posted to
+	// Invalidated reports a receive consumed by a SEND_WITH_INV, which
+	// invalidated this side's remote key InvalidatedRKey.
+	Invalidated     bool
+	InvalidatedRKey uint32
 }
 
 // QPState is the state of a queue pair.
