@@ -53,7 +53,7 @@ type readRun struct {
 	base int // region offset of stg.b[0]
 }
 
-func (qp *QP) serveRead(seq uint32, mr *MR, off, n int) {
+func (qp *softQP) serveRead(seq uint32, mr *softMR, off, n int) {
 	ctr := &qp.dev.ctr
 	ctr.readsServed.Add(1)
 	ctr.readBytesServed.Add(uint64(n))
@@ -80,7 +80,7 @@ func (qp *QP) serveRead(seq uint32, mr *MR, off, n int) {
 // On a link that copies payloads when the peer consumes them, that copy goes
 // straight into the requester's buffer (see unpinnedSource); otherwise the
 // pages are copied into staging buffers the link sends from.
-func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
+func (qp *softQP) serveUnpinnedRead(seq uint32, mr *softMR, off, n int) {
 	// Every page the READ touches, counted once from its range whichever
 	// way it is copied (a page split between staging chunks is one page).
 	ps := mr.pageSize
@@ -163,8 +163,8 @@ func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
 // destination is split inside it (the part then goes through spill), so a
 // page never mixes versions or data with magic.
 type unpinnedSource struct {
-	dev      *Device
-	mr       *MR
+	dev      *softDevice
+	mr       *softMR
 	pos, end int  // region offsets: next byte to produce, end of the READ
 	serving  int8 // 0: not yet asked, 1: the region is held (beginServe), -1: deregistered
 	finished bool // counted and released
@@ -176,7 +176,7 @@ type unpinnedSource struct {
 
 var sourcePool = sync.Pool{New: func() any { return new(unpinnedSource) }}
 
-func getUnpinnedSource(dev *Device, mr *MR, off, n int) *unpinnedSource {
+func getUnpinnedSource(dev *softDevice, mr *softMR, off, n int) *unpinnedSource {
 	s := sourcePool.Get().(*unpinnedSource)
 	s.dev, s.mr, s.pos, s.end = dev, mr, off, off+n
 	return s

@@ -81,10 +81,11 @@ func benchServe(b *testing.B, unpinned, atDelivery bool, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	qp, err := pd.NewQP(QPConfig{SendCQ: dev.NewCQ(4)})
+	q, err := pd.NewQP(QPConfig{SendCQ: dev.NewCQ(4)})
 	if err != nil {
 		b.Fatal(err)
 	}
+	qp := q.drv.(*softQP)
 	qp.link = &sinkLink{dst: make([]byte, n)}
 	if atDelivery {
 		qp.link = &copyingSinkLink{sinkLink{dst: make([]byte, n)}}

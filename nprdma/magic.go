@@ -63,7 +63,7 @@ func (d *Device) FindMagicPages(buf []byte, remoteAddr, mrAddr uint64, pageSize 
 		out = append(out, PageRange{Off: off, Addr: remoteAddr + uint64(off), Len: n})
 	})
 	if pages > 0 { // a shared cache line: the no-fault path leaves it alone
-		d.ctr.suspectedFaults.Add(pages)
+		d.suspected.Add(pages)
 	}
 	return out
 }

@@ -386,3 +386,15 @@ func TestStrings(t *testing.T) {
 		t.Fatal("state or unknown opcode name")
 	}
 }
+
+// The software NIC's internals, reached through the user-facing types.
+
+func (pd *PD) localSlice(s SGE, needWrite bool) ([]byte, Status) {
+	return pd.drv.(*softPD).localSlice(s, needWrite)
+}
+
+func (pd *PD) remoteRegion(rkey uint32, addr uint64, n uint32, need Access) (*softMR, int, bool) {
+	return pd.drv.(*softPD).remoteRegion(rkey, addr, n, need)
+}
+
+func (cq *CQ) push(wcs ...WC) bool { return cq.drv.(*softCQ).push(wcs...) }

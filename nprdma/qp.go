@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Defaults for zero fields of QPConfig.
+// Defaults for zero fields of QPConfig (api.go).
 const (
 	DefaultQueueDepth = 128
 	DefaultMaxInline  = 256
@@ -20,38 +20,16 @@ const (
 	MaxInlineLimit = 4096
 )
 
-// QPConfig configures a queue pair. Zero fields take the defaults above.
-type QPConfig struct {
-	// SendCQ receives completions of send work requests; RecvCQ those of
-	// receives (SendCQ when nil). Both must belong to the QP's device.
-	SendCQ, RecvCQ *CQ
-	// SendDepth and RecvDepth bound the work requests outstanding on each
-	// queue; posting more fails with ErrQueueFull.
-	SendDepth, RecvDepth int
-	// MaxInline is the largest inline payload (at most MaxInlineLimit).
-	MaxInline int
-	// RNRRetry is how many times a SEND refused for lack of a posted receive
-	// is retried before StatusRNRRetryExceeded (0: DefaultRNRRetry, negative:
-	// no retry). Unlike verbs, 7 does not mean forever.
-	RNRRetry int
-	// RNRTimeout is the wait before each RNR retry.
-	RNRTimeout time.Duration
-	// Timeout: when work is outstanding and nothing arrives from the peer
-	// for this long, the QP fails with StatusRetryExceeded (negative:
-	// never).
-	Timeout time.Duration
-}
-
-// QP is a reliable-connected queue pair: work requests execute in order and
-// exactly once, or complete with an error and move the QP to the error
-// state, after which every outstanding and later work request completes
-// with StatusWRFlushed.
-type QP struct {
-	dev    *Device
-	pd     *PD
+// softQP is a reliable-connected queue pair of the software NIC: work
+// requests execute in order and exactly once, or complete with an error and
+// move the QP to the error state, after which every outstanding and later
+// work request completes with StatusWRFlushed.
+type softQP struct {
+	dev    *softDevice
+	pd     *softPD
 	num    uint32
-	sendCQ *CQ
-	recvCQ *CQ
+	sendCQ *softCQ
+	recvCQ *softCQ
 
 	maxInline  int
 	rnrRetry   int
@@ -151,14 +129,10 @@ func nanotime() int64 { return int64(time.Since(epoch)) }
 
 // NewQP creates a queue pair in the init state. Post receives, then Connect
 // or accept a ConnRequest with it.
-func (pd *PD) NewQP(cfg QPConfig) (*QP, error) {
-	if cfg.SendCQ == nil {
-		return nil, fmt.Errorf("nprdma: create queue pair: no send completion queue")
-	}
-	if cfg.RecvCQ == nil {
-		cfg.RecvCQ = cfg.SendCQ
-	}
-	if cfg.SendCQ.dev != pd.dev || cfg.RecvCQ.dev != pd.dev {
+func (pd *softPD) NewQP(cfg QPDriverConfig) (QPDriver, error) {
+	scq, ok1 := cfg.SendCQ.(*softCQ)
+	rcq, ok2 := cfg.RecvCQ.(*softCQ)
+	if !ok1 || !ok2 || scq.dev != pd.dev || rcq.dev != pd.dev {
 		return nil, fmt.Errorf("nprdma: create queue pair: completion queue of another device")
 	}
 	if cfg.MaxInline > MaxInlineLimit {
@@ -170,11 +144,11 @@ func (pd *PD) NewQP(cfg QPConfig) (*QP, error) {
 		}
 		return v
 	}
-	qp := &QP{
+	qp := &softQP{
 		dev:        pd.dev,
 		pd:         pd,
-		sendCQ:     cfg.SendCQ,
-		recvCQ:     cfg.RecvCQ,
+		sendCQ:     scq,
+		recvCQ:     rcq,
 		maxInline:  def(cfg.MaxInline, DefaultMaxInline),
 		rnrRetry:   cfg.RNRRetry,
 		rnrTimeout: cfg.RNRTimeout,
@@ -219,37 +193,40 @@ func (pd *PD) NewQP(cfg QPConfig) (*QP, error) {
 }
 
 // Num is the queue pair number, reported in completions.
-func (qp *QP) Num() uint32 { return qp.num }
+func (qp *softQP) Num() uint32 { return qp.num }
+
+// MaxInline is the largest inline payload.
+func (qp *softQP) MaxInline() int { return qp.maxInline }
 
 // RemoteNum is the peer's queue pair number (once connected).
-func (qp *QP) RemoteNum() uint32 {
+func (qp *softQP) RemoteNum() uint32 {
 	qp.ctl.Lock()
 	defer qp.ctl.Unlock()
 	return qp.remoteNum
 }
 
 // State is the current state.
-func (qp *QP) State() QPState { return QPState(qp.state.Load()) }
+func (qp *softQP) State() QPState { return QPState(qp.state.Load()) }
 
 // SetAccessTag sets the tag the NIC engine compares with a tagged region's
 // (WithAccessTag) when a peer names its rkey on this queue pair. It may be
 // changed at any time; requests already validated are not affected.
-func (qp *QP) SetAccessTag(tag uint64) { qp.accessTag.Store(tag) }
+func (qp *softQP) SetAccessTag(tag uint64) { qp.accessTag.Store(tag) }
 
 // AccessTag is the queue pair's access tag (0 unless set).
-func (qp *QP) AccessTag() uint64 { return qp.accessTag.Load() }
+func (qp *softQP) AccessTag() uint64 { return qp.accessTag.Load() }
 
 // PD is the queue pair's protection domain.
-func (qp *QP) PD() *PD { return qp.pd }
+func (qp *softQP) PD() *softPD { return qp.pd }
 
 // Done is closed when the QP enters the error or closed state.
-func (qp *QP) Done() <-chan struct{} { return qp.done }
+func (qp *softQP) Done() <-chan struct{} { return qp.done }
 
 // Err says why the QP left the ready-to-send state (nil before). It wraps
 // one of ErrDisconnected, ErrPeerDisconnected, ErrPeerLost, ErrTimeout,
 // ErrRemoteAccess, ErrRemoteRequest, ErrRemoteOperation, ErrRNRRetryExceeded,
 // ErrLocalProtection, ErrLocalLength, ErrProtocol, ErrCQOverflow, ErrClosed.
-func (qp *QP) Err() error {
+func (qp *softQP) Err() error {
 	qp.ctl.Lock()
 	defer qp.ctl.Unlock()
 	return qp.err
@@ -259,7 +236,7 @@ func (qp *QP) Err() error {
 // returns the private data the peer accepted with. A rejection is returned
 // as *RejectError. A QP connects at most once; after a failed Connect it is
 // in the error state.
-func (qp *QP) Connect(ctx context.Context, addr string, privateData []byte) ([]byte, error) {
+func (qp *softQP) Connect(ctx context.Context, addr string, privateData []byte) ([]byte, error) {
 	if len(privateData) > MaxPrivateData {
 		return nil, fmt.Errorf("nprdma: connect qp %d to %s: %d bytes of private data, at most %d", qp.num, addr, len(privateData), MaxPrivateData)
 	}
@@ -281,7 +258,7 @@ func (qp *QP) Connect(ctx context.Context, addr string, privateData []byte) ([]b
 	return hello.PrivateData, nil
 }
 
-func (qp *QP) beginConnect() error {
+func (qp *softQP) beginConnect() error {
 	qp.ctl.Lock()
 	defer qp.ctl.Unlock()
 	if st := qp.State(); st != QPStateInit {
@@ -293,7 +270,7 @@ func (qp *QP) beginConnect() error {
 
 // connectFailed moves a QP whose connection failed to the error state and
 // flushes the receives posted in advance.
-func (qp *QP) connectFailed() {
+func (qp *softQP) connectFailed() {
 	qp.ctl.Lock()
 	if qp.State() == QPStateConnecting {
 		qp.setErrorLocked(fmt.Errorf("nprdma: qp %d: %w", qp.num, ErrNotConnected))
@@ -303,7 +280,7 @@ func (qp *QP) connectFailed() {
 	qp.closeLinkDown()
 }
 
-func (qp *QP) establish(link Link, remote uint32) error {
+func (qp *softQP) establish(link Link, remote uint32) error {
 	qp.ctl.Lock()
 	if qp.State() != QPStateConnecting {
 		st := qp.State()
@@ -323,7 +300,7 @@ func (qp *QP) establish(link Link, remote uint32) error {
 	return nil
 }
 
-func (qp *QP) setErrorLocked(cause error) {
+func (qp *softQP) setErrorLocked(cause error) {
 	if qp.err == nil {
 		qp.err = cause
 	}
@@ -339,7 +316,7 @@ func (qp *QP) setErrorLocked(cause error) {
 // gracefully (packets already queued, such as a NAK, still reach the peer)
 // or abruptly. The queues are flushed when the link reports it is down.
 // fail takes no queue lock, so it may be called with one held.
-func (qp *QP) fail(cause error, abort bool) {
+func (qp *softQP) fail(cause error, abort bool) {
 	qp.ctl.Lock()
 	if st := qp.State(); st == QPStateRTS || st == QPStateConnecting || st == QPStateInit {
 		qp.setErrorLocked(fmt.Errorf("nprdma: qp %d: %w", qp.num, cause))
@@ -365,7 +342,7 @@ func (qp *QP) fail(cause error, abort bool) {
 // state with ErrPeerDisconnected) and moves this QP to the error state;
 // every outstanding work request on both sides completes with
 // StatusWRFlushed.
-func (qp *QP) Disconnect() error {
+func (qp *softQP) Disconnect() error {
 	qp.ctl.Lock()
 	st, link := qp.State(), qp.link
 	switch st {
@@ -389,7 +366,7 @@ func (qp *QP) Disconnect() error {
 // Close destroys the QP. A connected QP's link is cut at once (the peer sees
 // a lost peer, as when a process dies); outstanding work requests complete
 // with StatusWRFlushed before Close returns, and no completion follows.
-func (qp *QP) Close() error {
+func (qp *softQP) Close() error {
 	qp.ctl.Lock()
 	if qp.State() == QPStateClosed {
 		qp.ctl.Unlock()
@@ -426,7 +403,7 @@ func (qp *QP) Close() error {
 	return nil
 }
 
-func (qp *QP) closeLinkDown() {
+func (qp *softQP) closeLinkDown() {
 	qp.ctl.Lock()
 	defer qp.ctl.Unlock()
 	select {
@@ -436,7 +413,7 @@ func (qp *QP) closeLinkDown() {
 	}
 }
 
-func (qp *QP) stopTimers() {
+func (qp *softQP) stopTimers() {
 	qp.ctl.Lock()
 	if qp.lingerTimer != nil {
 		qp.lingerTimer.Stop()
@@ -457,7 +434,7 @@ func (qp *QP) stopTimers() {
 // cause decides the status of the oldest send: StatusRetryExceeded when the
 // peer was lost or silent, StatusBadResponse after a protocol violation,
 // StatusWRFlushed otherwise (and for every later one).
-func (qp *QP) flushQueues(cause error) {
+func (qp *softQP) flushQueues(cause error) {
 	head := StatusWRFlushed
 	switch {
 	case errors.Is(cause, ErrPeerLost), errors.Is(cause, ErrTimeout):
@@ -499,7 +476,7 @@ func (qp *QP) flushQueues(cause error) {
 }
 
 // LinkDown is called by the provider once the link is gone.
-func (qp *QP) LinkDown(err error) {
+func (qp *softQP) LinkDown(err error) {
 	qp.ctl.Lock()
 	if qp.State() == QPStateRTS {
 		if errors.Is(err, ErrProtocol) {
@@ -520,7 +497,7 @@ func (qp *QP) LinkDown(err error) {
 
 // --- posting ---------------------------------------------------------------
 
-func (qp *QP) checkSendWR(wr *SendWR) error {
+func (qp *softQP) checkSendWR(wr *SendWR) error {
 	switch wr.Op {
 	case OpSend, OpSendWithImm, OpWrite, OpWriteWithImm, OpRead:
 	default:
@@ -551,7 +528,7 @@ func (qp *QP) checkSendWR(wr *SendWR) error {
 // network. A malformed request or a full queue fails the whole call and
 // posts nothing; errors found while executing (keys, bounds, the peer)
 // complete the request with an error status.
-func (qp *QP) PostSend(wrs ...SendWR) error {
+func (qp *softQP) PostSend(wrs ...SendWR) error {
 	for i := range wrs {
 		if err := qp.checkSendWR(&wrs[i]); err != nil {
 			return err
@@ -598,7 +575,7 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 	return nil
 }
 
-func (qp *QP) enqueueLocked(wr *SendWR) {
+func (qp *softQP) enqueueLocked(wr *SendWR) {
 	sq := &qp.sq
 	rec := &sq.ring[(sq.head+sq.count)%len(sq.ring)]
 	sq.count++
@@ -650,7 +627,7 @@ func (qp *QP) enqueueLocked(wr *SendWR) {
 
 // transmitLocked hands every record not yet transmitted to the link, up to
 // the first one with a local error; it reports whether it sent anything.
-func (qp *QP) transmitLocked() bool {
+func (qp *softQP) transmitLocked() bool {
 	sq := &qp.sq
 	if sq.rnrWait || qp.State() != QPStateRTS {
 		return false
@@ -700,7 +677,7 @@ func (rec *sendRecord) packet() Packet {
 
 // settleHeadLocked completes a record with a local error once every record
 // before it completed, and fails the QP (as verbs does on a local error).
-func (qp *QP) settleHeadLocked() {
+func (qp *softQP) settleHeadLocked() {
 	sq := &qp.sq
 	if sq.count == 0 || sq.sent > 0 || sq.flushed {
 		return
@@ -721,7 +698,7 @@ func (qp *QP) settleHeadLocked() {
 
 // completeHeadLocked removes the oldest send record and queues its
 // completion (always for errors, for successes if signaled).
-func (qp *QP) completeHeadLocked(st Status) {
+func (qp *softQP) completeHeadLocked(st Status) {
 	sq := &qp.sq
 	rec := &sq.ring[sq.head]
 	if st != StatusSuccess || rec.signaled {
@@ -743,7 +720,7 @@ func (qp *QP) completeHeadLocked(st Status) {
 	}
 }
 
-func (qp *QP) pushSendLocked() {
+func (qp *softQP) pushSendLocked() {
 	sq := &qp.sq
 	if len(sq.wcs) == 0 {
 		return
@@ -757,7 +734,7 @@ func (qp *QP) pushSendLocked() {
 
 // PostRecv posts receive work requests. They may be posted before the QP
 // connects (and should be, or the first SENDs meet RNR NAKs).
-func (qp *QP) PostRecv(wrs ...RecvWR) error {
+func (qp *softQP) PostRecv(wrs ...RecvWR) error {
 	for i := range wrs {
 		if len(wrs[i].SG) > MaxSGE {
 			return fmt.Errorf("nprdma: post recv on qp %d: work request %d: %d SGEs, at most %d: %w", qp.num, wrs[i].ID, len(wrs[i].SG), MaxSGE, ErrInvalidWorkRequest)
@@ -800,7 +777,7 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 	return nil
 }
 
-func (qp *QP) popRecvLocked() {
+func (qp *softQP) popRecvLocked() {
 	rq := &qp.rq
 	rec := &rq.ring[rq.head]
 	clear(rec.segs)
@@ -810,7 +787,7 @@ func (qp *QP) popRecvLocked() {
 
 // --- timers ----------------------------------------------------------------
 
-func (qp *QP) armTimeoutLocked() {
+func (qp *softQP) armTimeoutLocked() {
 	if qp.timeout <= 0 || qp.sq.timerArmed {
 		return
 	}
@@ -824,7 +801,7 @@ func (qp *QP) armTimeoutLocked() {
 
 // onTimeout checks for a silent peer: work outstanding and nothing received
 // for qp.timeout.
-func (qp *QP) onTimeout() {
+func (qp *softQP) onTimeout() {
 	sq := &qp.sq
 	sq.mu.Lock()
 	if sq.count == 0 || sq.flushed || !sq.timerArmed {
@@ -849,7 +826,7 @@ func (qp *QP) onTimeout() {
 	qp.fail(fmt.Errorf("%w: nothing from the peer for %v with work outstanding", ErrTimeout, idle.Round(time.Millisecond)), true)
 }
 
-func (qp *QP) onRNRTimer() {
+func (qp *softQP) onRNRTimer() {
 	sq := &qp.sq
 	sq.mu.Lock()
 	if !sq.rnrWait {

@@ -11,14 +11,14 @@ import (
 // packets on.
 
 // Deliver is called by the provider for each inbound packet.
-func (qp *QP) Deliver(h *Header, p Payload) error {
+func (qp *softQP) Deliver(h *Header, p Payload) error {
 	raceAcquire()
 	err := qp.deliver(h, p)
 	raceRelease()
 	return err
 }
 
-func (qp *QP) deliver(h *Header, p Payload) error {
+func (qp *softQP) deliver(h *Header, p Payload) error {
 	qp.lastRx.Store(nanotime())
 	if qp.State() != QPStateRTS {
 		// After a failure or a disconnect nothing executes any more.
@@ -52,7 +52,7 @@ func (qp *QP) deliver(h *Header, p Payload) error {
 // Idle flushes acknowledgements and responses once the inbound stream is
 // drained, so one write carries every response to one read. An
 // acknowledgement a request of ours already carried is not sent again.
-func (qp *QP) Idle() {
+func (qp *softQP) Idle() {
 	if v := qp.takeAck(); v != 0 && qp.State() == QPStateRTS {
 		qp.respond(Packet{Header: Header{Kind: PacketAck, Seq: uint32(v)}})
 	}
@@ -66,22 +66,22 @@ const ackPendingBit = 1 << 32
 // owe records that the responder executed request seq and owes the peer its
 // acknowledgement: a standalone ACK at the next Idle, unless a request of
 // ours carries it first (see transmitLocked).
-func (qp *QP) owe(seq uint32) { qp.ackOut.Store(ackPendingBit | uint64(seq)) }
+func (qp *softQP) owe(seq uint32) { qp.ackOut.Store(ackPendingBit | uint64(seq)) }
 
 // acknowledged records that a response (READ response, NAK) acknowledges
 // everything the responder executed so far.
-func (qp *QP) acknowledged() { qp.ackOut.Store(0) }
+func (qp *softQP) acknowledged() { qp.ackOut.Store(0) }
 
 // takeAck claims the acknowledgement owed, if any (0: none). Each value is
 // claimed once, by Idle or by a poster.
-func (qp *QP) takeAck() uint64 {
+func (qp *softQP) takeAck() uint64 {
 	if qp.ackOut.Load() == 0 {
 		return 0
 	}
 	return qp.ackOut.Swap(0)
 }
 
-func (qp *QP) protocolError(format string, args ...any) error {
+func (qp *softQP) protocolError(format string, args ...any) error {
 	err := fmt.Errorf("%w: "+format, append([]any{ErrProtocol}, args...)...)
 	qp.fail(err, true)
 	return err
@@ -94,7 +94,7 @@ func discard(p Payload, n int) error {
 	return p.Discard(n)
 }
 
-func (qp *QP) respond(pkts ...Packet) {
+func (qp *softQP) respond(pkts ...Packet) {
 	qp.rs.pkts = append(qp.rs.pkts[:0], pkts...)
 	qp.link.Send(qp.rs.pkts)
 	clear(qp.rs.pkts)
@@ -103,7 +103,7 @@ func (qp *QP) respond(pkts ...Packet) {
 // checkSeq accepts the request the responder expects. After an RNR NAK the
 // requester goes back to the NAKed request, so the requests it had sent
 // after it are dropped until it arrives again.
-func (qp *QP) checkSeq(h *Header, p Payload) (bool, error) {
+func (qp *softQP) checkSeq(h *Header, p Payload) (bool, error) {
 	rs := &qp.rs
 	if h.Seq == rs.expected {
 		rs.nakMode = false
@@ -117,7 +117,7 @@ func (qp *QP) checkSeq(h *Header, p Payload) (bool, error) {
 
 // nak refuses request seq. Every NAK but RNR is fatal for both queue pairs:
 // the NAK is sent, then the link closes gracefully.
-func (qp *QP) nak(h *Header, p Payload, syn Syndrome, cause error) error {
+func (qp *softQP) nak(h *Header, p Payload, syn Syndrome, cause error) error {
 	qp.acknowledged() // a NAK acknowledges everything before it
 	qp.respond(Packet{Header: Header{Kind: PacketNak, Seq: h.Seq, Syndrome: syn}})
 	if err := discard(p, h.PayloadLen()); err != nil {
@@ -133,7 +133,7 @@ func (qp *QP) nak(h *Header, p Payload, syn Syndrome, cause error) error {
 }
 
 // peekRecv returns the oldest posted receive, or nil.
-func (qp *QP) peekRecv() *recvRecord {
+func (qp *softQP) peekRecv() *recvRecord {
 	rq := &qp.rq
 	rq.mu.Lock()
 	defer rq.mu.Unlock()
@@ -143,7 +143,7 @@ func (qp *QP) peekRecv() *recvRecord {
 	return &rq.ring[rq.head]
 }
 
-func (qp *QP) completeRecv(wc WC) {
+func (qp *softQP) completeRecv(wc WC) {
 	rq := &qp.rq
 	rq.mu.Lock()
 	wc.ID = rq.ring[rq.head].id
@@ -156,7 +156,7 @@ func (qp *QP) completeRecv(wc WC) {
 	}
 }
 
-func (qp *QP) onSend(h *Header, p Payload) error {
+func (qp *softQP) onSend(h *Header, p Payload) error {
 	if ok, err := qp.checkSeq(h, p); !ok {
 		return err
 	}
@@ -182,7 +182,7 @@ func (qp *QP) onSend(h *Header, p Payload) error {
 	return nil
 }
 
-func (qp *QP) onWrite(h *Header, p Payload) error {
+func (qp *softQP) onWrite(h *Header, p Payload) error {
 	if ok, err := qp.checkSeq(h, p); !ok {
 		return err
 	}
@@ -216,14 +216,14 @@ func (qp *QP) onWrite(h *Header, p Payload) error {
 	return nil
 }
 
-func (qp *QP) onReadRequest(h *Header, p Payload) error {
+func (qp *softQP) onReadRequest(h *Header, p Payload) error {
 	if ok, err := qp.checkSeq(h, p); !ok {
 		return err
 	}
 	if h.Len > MaxMessageSize {
 		return qp.nak(h, p, NakInvalidRequest, fmt.Errorf("%w: peer's READ of %d bytes exceeds %d", ErrRemoteRequest, h.Len, MaxMessageSize))
 	}
-	var mr *MR
+	var mr *softMR
 	var off int
 	if h.Len > 0 {
 		var ok bool
@@ -251,11 +251,11 @@ func (qp *QP) onReadRequest(h *Header, p Payload) error {
 // requester side -------------------------------------------------------------
 
 // headSeqLocked is the sequence number of the oldest outstanding request.
-func (qp *QP) headSeqLocked() uint32 { return qp.sq.nextSeq - uint32(qp.sq.count) }
+func (qp *softQP) headSeqLocked() uint32 { return qp.sq.nextSeq - uint32(qp.sq.count) }
 
 // ackThroughLocked completes, as successes, the k oldest records, which must
 // all be transmitted SENDs or WRITEs: a READ completes only by its response.
-func (qp *QP) ackThroughLocked(k int) error {
+func (qp *softQP) ackThroughLocked(k int) error {
 	sq := &qp.sq
 	if k > sq.sent {
 		return fmt.Errorf("acknowledges %d requests, only %d transmitted", k, sq.sent)
@@ -269,7 +269,7 @@ func (qp *QP) ackThroughLocked(k int) error {
 	return nil
 }
 
-func (qp *QP) onAck(h *Header) error {
+func (qp *softQP) onAck(h *Header) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
@@ -294,7 +294,7 @@ func (qp *QP) onAck(h *Header) error {
 // claimed it before a response that acknowledged more overtook it on the
 // wire. A stale one changes nothing; one that covers a request never
 // transmitted, or a READ without its response, is a protocol violation.
-func (qp *QP) onPiggybackAck(ack uint32) error {
+func (qp *softQP) onPiggybackAck(ack uint32) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
@@ -314,7 +314,7 @@ func (qp *QP) onPiggybackAck(ack uint32) error {
 	return nil
 }
 
-func (qp *QP) onNak(h *Header) error {
+func (qp *softQP) onNak(h *Header) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
@@ -367,7 +367,7 @@ func (qp *QP) onNak(h *Header) error {
 	return nil
 }
 
-func (qp *QP) onReadResponse(h *Header, p Payload) error {
+func (qp *softQP) onReadResponse(h *Header, p Payload) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
@@ -415,7 +415,7 @@ func (qp *QP) onReadResponse(h *Header, p Payload) error {
 // earlier one is due first): its whole rest in one segment, as a pinned
 // region answers. Otherwise the peer's next SEND, as long as the last one,
 // into the receive buffer posted first.
-func (qp *QP) ExpectPayload(least int, e *ExpectedPayload) bool {
+func (qp *softQP) ExpectPayload(least int, e *ExpectedPayload) bool {
 	if qp.State() != QPStateRTS {
 		return false
 	}
@@ -435,7 +435,7 @@ func (qp *QP) ExpectPayload(least int, e *ExpectedPayload) bool {
 	return true
 }
 
-func (qp *QP) expectReadResponse(least int, e *ExpectedPayload) bool {
+func (qp *softQP) expectReadResponse(least int, e *ExpectedPayload) bool {
 	sq := &qp.sq
 	sq.mu.Lock()
 	defer sq.mu.Unlock()

@@ -273,6 +273,10 @@ var (
 	ErrNotConnected       = errors.New("queue pair is not connected")
 	ErrQueueFull          = errors.New("work queue full")
 	ErrInvalidWorkRequest = errors.New("invalid work request")
+	// ErrDevice: a hardware device failed the queue pair for a reason it
+	// did not report (a completion status nprdma has no name for, or work
+	// flushed from a queue pair it moved to the error state by itself).
+	ErrDevice = errors.New("device error")
 )
 
 // RejectError is returned by QP.Connect when the peer rejects the connection.

@@ -9,6 +9,7 @@ import (
 )
 
 func testUnpinned(t *testing.T, h Harness) {
+	require(t, caps(t, h).UnpinnedRegions, "unpinned regions")
 	const pages, ps = 112, 4096
 	cli, srv := connect(t, h, pairConfig{})
 	pg, err := nprdmatest.NewPager(pages, ps)

@@ -106,7 +106,7 @@ func feedPeer(t *testing.T, data []byte) ([]nprdma.WC, error) {
 		nprdma.SendWR{ID: 10, Op: nprdma.OpRead, SG: []nprdma.SGE{mr.SGE(8192, 4096)}, RemoteAddr: 0x1000, RKey: 5, Signaled: true},
 		nprdma.SendWR{ID: 11, Op: nprdma.OpSend, SG: []nprdma.SGE{mr.SGE(0, 100)}, Signaled: true},
 		nprdma.SendWR{ID: 12, Op: nprdma.OpWrite, SG: []nprdma.SGE{mr.SGE(0, 100)}, RemoteAddr: 0x1000, RKey: 5})
-	readToEnd(t, &link{prov: New(), rd: newReader(bytes.NewReader(data), 4096), rx: qp, abortCh: make(chan struct{})}, qp)
+	readToEnd(t, &link{prov: New(), rd: newReader(bytes.NewReader(data), 4096), rx: qp.Driver().(nprdma.Receiver), abortCh: make(chan struct{})}, qp)
 	return completedOnce(t, cq, 1, 2, 10, 11), qp.Err()
 }
 
@@ -132,12 +132,13 @@ func stubPeer(t *testing.T, buf []byte) (*nprdma.QP, *nprdma.CQ, *nprdma.MR) {
 // the error that ended it.
 func readToEnd(t *testing.T, l *link, qp *nprdma.QP) {
 	err := l.readFrames()
+	rx := qp.Driver().(nprdma.Receiver)
 	if err == nil {
-		qp.LinkDown(errors.New("test: the stream ended"))
+		rx.LinkDown(errors.New("test: the stream ended"))
 		qp.Close()
 		t.Fatal("reading a finite stream ended without an error")
 	}
-	qp.LinkDown(err)
+	rx.LinkDown(err)
 	qp.Close()
 }
 
@@ -365,8 +366,8 @@ func guessPeer(t *testing.T, sizes []int, data []byte) guessRun {
 		nprdma.SendWR{ID: 11, Op: nprdma.OpRead, SG: []nprdma.SGE{mr.SGE(guessRead2a, 16<<10), mr.SGE(guessRead2b, 32<<10)},
 			RemoteAddr: guessRead2Src, RKey: 5, Signaled: true})
 	src := &arrivalSource{data: data, arrivals: sizes}
-	l := &link{prov: New(), rd: newReader(src, 64<<10), rx: qp, abortCh: make(chan struct{})}
-	l.exp.ex = qp
+	l := &link{prov: New(), rd: newReader(src, 64<<10), rx: qp.Driver().(nprdma.Receiver), abortCh: make(chan struct{})}
+	l.exp.ex = qp.Driver().(nprdma.PayloadExpecter)
 	readToEnd(t, l, qp)
 	for _, c := range guessCanaries {
 		for i := c[0]; i < c[1]; i++ {

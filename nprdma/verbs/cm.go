@@ -183,9 +183,9 @@ type Listener struct {
 	done chan struct{}
 }
 
-// Listen accepts connection requests on addr ("10.0.2.15:4420"; port 0
-// picks one; Addr says which).
-func (d *Device) Listen(addr string) (*Listener, error) {
+// Listen implements nprdma.DeviceDriver: it accepts connection requests on
+// addr ("10.0.2.15:4420"; port 0 picks one; Addr says which).
+func (d *Device) Listen(addr string) (nprdma.ListenerDriver, error) {
 	a, err := parseAddr(addr)
 	if err != nil {
 		return nil, fmt.Errorf("verbs: listen on %q: %w", addr, err)
@@ -244,7 +244,7 @@ func (l *Listener) offer(child *C.struct_rdma_cm_id, ev cmEvent) bool {
 }
 
 // Accept waits for the next connection request.
-func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
+func (l *Listener) Accept(ctx context.Context) (nprdma.ConnRequestDriver, error) {
 	select {
 	case r := <-l.reqs:
 		return r, nil
@@ -308,7 +308,11 @@ func (r *ConnRequest) RemoteAddr() string { return r.remote }
 // Accept connects qp (a fresh queue pair of the same device) to the peer,
 // answering with privateData, and returns once the connection is
 // established.
-func (r *ConnRequest) Accept(qp *QP, privateData []byte) error {
+func (r *ConnRequest) Accept(q nprdma.QPDriver, privateData []byte) error {
+	qp, ok := q.(*QP)
+	if !ok {
+		return fmt.Errorf("verbs: accept: a queue pair of another kind of device")
+	}
 	if len(privateData) > MaxAcceptPrivateData {
 		return fmt.Errorf("verbs: accept: %d bytes of private data, at most %d", len(privateData), MaxAcceptPrivateData)
 	}
@@ -339,7 +343,7 @@ func (r *ConnRequest) Accept(qp *QP, privateData []byte) error {
 	if rc := C.np_modify_cm(r.id, qp.qp, C.IBV_QPS_INIT, 0, -1); rc != 0 {
 		return fail(fmt.Errorf("queue pair to init: %w", errnoErr(rc)))
 	}
-	if rc := C.np_modify_cm(r.id, qp.qp, C.IBV_QPS_RTR, C.int(respRes), -1); rc != 0 {
+	if rc := C.np_modify_cm(r.id, qp.qp, C.IBV_QPS_RTR, C.int(respRes), C.int(qp.rnrTimer)); rc != 0 {
 		return fail(fmt.Errorf("queue pair to RTR: %w", errnoErr(rc)))
 	}
 	if rc := C.np_modify_cm(r.id, qp.qp, C.IBV_QPS_RTS, C.int(initDepth), C.int(qp.rnrRetry)); rc != 0 {
@@ -560,7 +564,13 @@ func (qp *QP) Connect(ctx context.Context, addr string, privateData []byte) ([]b
 	if err != nil {
 		return fail(err)
 	}
-	if rc := C.np_modify_cm(id, qp.qp, C.IBV_QPS_RTR, 0, -1); rc != 0 {
+	// Init again: the access rights the connection manager computes depend
+	// on the responder resources, which are known only now (librdmacm does
+	// the same for the queue pairs it creates).
+	if rc := C.np_modify_cm(id, qp.qp, C.IBV_QPS_INIT, 0, -1); rc != 0 {
+		return fail(fmt.Errorf("queue pair to init: %w", errnoErr(rc)))
+	}
+	if rc := C.np_modify_cm(id, qp.qp, C.IBV_QPS_RTR, C.int(d.info.MaxQPRdAtom), C.int(qp.rnrTimer)); rc != 0 {
 		return fail(fmt.Errorf("queue pair to RTR: %w", errnoErr(rc)))
 	}
 	if rc := C.np_modify_cm(id, qp.qp, C.IBV_QPS_RTS, 0, C.int(qp.rnrRetry)); rc != 0 {

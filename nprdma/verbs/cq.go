@@ -54,9 +54,10 @@ type CQ struct {
 	done     chan struct{} // the event goroutine stopped
 }
 
-// NewCQ creates a completion queue of depth completions whose waiters spin
-// for busyPoll before they sleep (0: never spin).
-func (d *Device) NewCQ(depth int, busyPoll time.Duration) (*CQ, error) {
+// NewCQ implements nprdma.DeviceDriver: a completion queue of depth
+// completions whose waiters spin for busyPoll before they sleep (0: never
+// spin).
+func (d *Device) NewCQ(depth int, busyPoll time.Duration) (nprdma.CQDriver, error) {
 	if depth < 1 {
 		depth = 1
 	}

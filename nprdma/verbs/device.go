@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/nprdma/nprdma/nprdma"
 	"golang.org/x/sys/unix"
 )
 
@@ -119,9 +120,19 @@ type Option func(*Device)
 // slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(d *Device) { d.log = l } }
 
-// Open opens the RDMA device called name ("" for the first one). Without
-// rdma-core or without a device the error wraps ErrUnavailable and says
-// what is missing.
+// OpenDevice opens the RDMA device called name ("" for the first one) as
+// an nprdma.Device. Without rdma-core or without a device the error wraps
+// ErrUnavailable and says what is missing.
+func OpenDevice(name string, opts ...Option) (*nprdma.Device, error) {
+	d, err := Open(name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return nprdma.Open(d), nil
+}
+
+// Open opens the RDMA device called name ("" for the first one): the
+// nprdma.DeviceDriver of OpenDevice.
 func Open(name string, opts ...Option) (*Device, error) {
 	if err := load(); err != nil {
 		return nil, err
@@ -181,6 +192,22 @@ func Open(name string, opts ...Option) (*Device, error) {
 
 // Info describes the device.
 func (d *Device) Info() Info { return d.info }
+
+// Caps implements nprdma.DeviceDriver: what a hardware NIC does not (no
+// unpinned regions, access tags or responder counters; a peer's failure
+// arrives as a disconnect) and what it adds (SEND with invalidate).
+func (d *Device) Caps() nprdma.Caps {
+	return nprdma.Caps{SendWithInvalidate: true, PadsPrivateData: true,
+		MaxConnectPrivateData: MaxConnectPrivateData, MaxAcceptPrivateData: MaxAcceptPrivateData,
+		MaxRejectPrivateData: MaxRejectPrivateData}
+}
+
+// Stats implements nprdma.DeviceDriver: what the device's software sees
+// (queue pairs, registrations); the NIC counts the rest itself.
+func (d *Device) Stats() nprdma.Stats {
+	return nprdma.Stats{QPs: d.ctr.qpsOpen.Load(), QPsCreated: d.ctr.qpsCreated.Load(),
+		Registrations: d.ctr.registrations.Load(), RegisteredBytes: d.ctr.registeredBytes.Load()}
+}
 
 // Name is the device's name (rxe0, mlx5_0).
 func (d *Device) Name() string { return d.info.Name }

@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/nprdma/nprdma/nprdma"
 )
+
+var osPageSize = os.Getpagesize()
 
 // PD is a protection domain.
 type PD struct {
@@ -28,8 +31,8 @@ type PD struct {
 	qps    map[*QP]struct{}
 }
 
-// AllocPD allocates a protection domain.
-func (d *Device) AllocPD() (*PD, error) {
+// AllocPD implements nprdma.DeviceDriver.
+func (d *Device) AllocPD() (nprdma.PDDriver, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -92,12 +95,19 @@ type MR struct {
 	dead   atomic.Bool
 }
 
-// Register registers buf, pinning its pages (ibv_reg_mr). buf must be
-// memory outside the Go heap (nprdma.AllocBuffer, an mmap): the NIC keeps
-// its address. The pages are charged to RLIMIT_MEMLOCK unless the process
-// has CAP_IPC_LOCK.
-func (pd *PD) Register(buf []byte, access nprdma.Access) (*MR, error) {
+// Register implements nprdma.PDDriver: it registers buf, pinning its pages
+// (ibv_reg_mr). buf must be memory outside the Go heap (nprdma.AllocBuffer,
+// an mmap): the NIC keeps its address. The pages are charged to
+// RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK. The access tag is not
+// enforced (nprdma.Caps.AccessTags).
+func (pd *PD) Register(buf []byte, access nprdma.Access, tag uint64) (nprdma.MRDriver, error) {
 	return pd.register(buf, access, false)
+}
+
+// RegisterUnpinned implements nprdma.PDDriver: a NIC cannot be handed a
+// region it has not pinned (docs/np-rdma.md).
+func (pd *PD) RegisterUnpinned(nprdma.Pager, nprdma.Access, uint64) (nprdma.MRDriver, error) {
+	return nil, fmt.Errorf("verbs: %s: register unpinned: a NIC reads only memory that is pinned or on-demand paged", pd.dev.info.Name)
 }
 
 // RegisterOnDemand registers buf with on-demand paging
@@ -178,6 +188,15 @@ func (mr *MR) Access() nprdma.Access { return mr.access }
 
 // OnDemand reports whether the region was registered with on-demand paging.
 func (mr *MR) OnDemand() bool { return mr.odp }
+
+// Pinned implements nprdma.MRDriver.
+func (mr *MR) Pinned() bool { return !mr.odp }
+
+// Magic implements nprdma.MRDriver: none.
+func (mr *MR) Magic() uint64 { return 0 }
+
+// PageSize implements nprdma.MRDriver.
+func (mr *MR) PageSize() int { return osPageSize }
 
 // SGE names n bytes at offset off of the region.
 func (mr *MR) SGE(off, n int) nprdma.SGE {

@@ -8,6 +8,7 @@ package verbs
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -17,27 +18,6 @@ import (
 
 	"github.com/nprdma/nprdma/nprdma"
 )
-
-// QPConfig configures a queue pair. Zero fields take the defaults of
-// nprdma.QPConfig (queue depths 128, MaxInline 256, RNRRetry 7).
-type QPConfig struct {
-	// SendCQ receives completions of send work requests; RecvCQ those of
-	// receives (SendCQ when nil).
-	SendCQ, RecvCQ *CQ
-	// SendDepth and RecvDepth bound the work requests outstanding on each
-	// queue; posting more fails with nprdma.ErrQueueFull. As in verbs, an
-	// unsignaled send stays outstanding until a later send of the queue
-	// completes; the queue pair signals one now and then by itself (the
-	// completion is not reported) so that a stream of unsignaled sends
-	// never fills the queue.
-	SendDepth, RecvDepth int
-	// MaxInline is the largest inline payload asked for; the device may
-	// grant less (QP.MaxInline).
-	MaxInline int
-	// RNRRetry is the RNR retry count (0: 7, which the hardware takes as
-	// "retry for ever"; negative: none).
-	RNRRetry int
-}
 
 // wr_id bits: a receive, and the internal markers of QP.Close.
 const (
@@ -56,6 +36,7 @@ type QP struct {
 	recvCQ    *CQ
 	maxInline int
 	rnrRetry  int
+	rnrTimer  int // the RNR timer code this queue pair asks its peer to wait
 
 	state atomic.Int32 // nprdma.QPState
 
@@ -96,18 +77,25 @@ type sendRecord struct {
 	hidden   bool // signaled by the QP itself: no completion is reported
 }
 
-// NewQP creates a queue pair in the init state: receives may be posted
-// before it connects.
-func (pd *PD) NewQP(cfg QPConfig) (*QP, error) {
-	if cfg.SendCQ == nil {
-		return nil, fmt.Errorf("verbs: create queue pair: no send completion queue")
-	}
-	if cfg.RecvCQ == nil {
-		cfg.RecvCQ = cfg.SendCQ
-	}
-	if cfg.SendCQ.dev != pd.dev || cfg.RecvCQ.dev != pd.dev {
+// NewQP implements nprdma.PDDriver: a queue pair in the init state
+// (receives may be posted before it connects). As in verbs, an unsignaled
+// send stays outstanding until a later send of the queue completes; the
+// queue pair signals one now and then by itself (the completion is not
+// reported), and PostSend polls the CQ when the queue looks full, so that
+// a stream of unsignaled sends never fills it. RNRRetry 7 (the default)
+// is "for ever" to the hardware; larger counts are capped to it.
+func (pd *PD) NewQP(c nprdma.QPDriverConfig) (nprdma.QPDriver, error) {
+	scq, ok1 := c.SendCQ.(*CQ)
+	rcq, ok2 := c.RecvCQ.(*CQ)
+	if !ok1 || !ok2 || scq.dev != pd.dev || rcq.dev != pd.dev {
 		return nil, fmt.Errorf("verbs: create queue pair: completion queue of another device")
 	}
+	cfg := struct {
+		SendCQ, RecvCQ       *CQ
+		SendDepth, RecvDepth int
+		MaxInline, RNRRetry  int
+		RNRTimeout           time.Duration
+	}{scq, rcq, c.SendDepth, c.RecvDepth, c.MaxInline, c.RNRRetry, c.RNRTimeout}
 	def := func(v, d int) int {
 		if v <= 0 {
 			return d
@@ -158,7 +146,7 @@ func (pd *PD) NewQP(cfg QPConfig) (*QP, error) {
 		return nil, fmt.Errorf("verbs: %s: queue pair to init: %w", pd.dev.info.Name, errnoErr(rc))
 	}
 	qp := &QP{dev: pd.dev, pd: pd, qp: q, num: uint32(C.np_qp_num(q)), sendCQ: cfg.SendCQ, recvCQ: cfg.RecvCQ,
-		maxInline: min(int(got), inline), rnrRetry: rnr, done: make(chan struct{}), cmEvents: make(chan cmEvent, 8),
+		maxInline: min(int(got), inline), rnrRetry: rnr, rnrTimer: rnrTimerCode(cfg.RNRTimeout), done: make(chan struct{}), cmEvents: make(chan cmEvent, 8),
 		sring: make([]sendRecord, sdepth), rring: make([]uint64, rdepth)}
 	if qp.maxInline > 0 {
 		qp.inl = make([]byte, 64*qp.maxInline)
@@ -182,6 +170,25 @@ func (pd *PD) NewQP(cfg QPConfig) (*QP, error) {
 	return qp, nil
 }
 
+// rnrTimes are the delays of the IB RNR timer codes 1 to 31, in
+// microseconds (code 0 is 655.36 ms).
+var rnrTimes = [...]int{10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560,
+	3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520}
+
+// rnrTimerCode is the smallest RNR timer code that waits at least d
+// (nprdma.DefaultRNRTimeout when 0).
+func rnrTimerCode(d time.Duration) int {
+	if d <= 0 {
+		d = nprdma.DefaultRNRTimeout
+	}
+	for i, us := range rnrTimes {
+		if time.Duration(us)*time.Microsecond >= d {
+			return i + 1
+		}
+	}
+	return 0
+}
+
 // Num is the queue pair number.
 func (qp *QP) Num() uint32 { return qp.num }
 
@@ -194,6 +201,10 @@ func (qp *QP) RemoteNum() uint32 {
 
 // MaxInline is the largest inline payload the device granted.
 func (qp *QP) MaxInline() int { return qp.maxInline }
+
+// SetAccessTag implements nprdma.QPDriver: hardware does not enforce tags
+// (nprdma.Caps.AccessTags).
+func (qp *QP) SetAccessTag(uint64) {}
 
 // State is the current state.
 func (qp *QP) State() nprdma.QPState { return nprdma.QPState(qp.state.Load()) }
@@ -225,6 +236,21 @@ func (qp *QP) fail(cause error) {
 	if id != nil {
 		C.np_disconnect(id)
 	}
+}
+
+// failByCompletion is fail for an error completion. A queue pair that
+// already failed because its peer disconnected takes this cause instead:
+// the peer disconnects when its own queue pair fails, and that can arrive
+// before the completion that says why (a request of ours it refused).
+func (qp *QP) failByCompletion(cause error) {
+	qp.ctl.Lock()
+	if qp.State() == nprdma.QPStateError && !qp.dropped && errors.Is(qp.err, nprdma.ErrPeerDisconnected) {
+		qp.err = fmt.Errorf("verbs: qp %d: %w", qp.num, cause)
+		qp.ctl.Unlock()
+		return
+	}
+	qp.ctl.Unlock()
+	qp.fail(cause)
 }
 
 func (qp *QP) setErrorLocked(cause error) {
@@ -539,6 +565,12 @@ func (qp *QP) PostRecv(wrs ...nprdma.RecvWR) error {
 	if rc != 0 {
 		return fmt.Errorf("verbs: post recv on qp %d: request %d of %d refused: %w", qp.num, int(bad)+1, len(wrs), errnoErr(rc))
 	}
+	if qp.State() == nprdma.QPStateError {
+		// A receive posted in the error state completes flushed; rxe
+		// processes a user queue pair's receive queue only when the state
+		// is set (receives post without a system call): set it again.
+		C.np_qp_error(qp.qp)
+	}
 	return nil
 }
 
@@ -557,7 +589,11 @@ func (qp *QP) complete(w *C.np_wc) (nprdma.WC, bool) {
 		return nprdma.WC{}, false
 	}
 	if cause != nil {
-		qp.fail(fmt.Errorf("%w: %s", cause, C.GoString(C.np_wc_status_str(C.int(w.status)))))
+		qp.failByCompletion(fmt.Errorf("%w: %s", cause, C.GoString(C.np_wc_status_str(C.int(w.status)))))
+	} else if st == nprdma.StatusWRFlushed && qp.State() == nprdma.QPStateRTS {
+		// The device moved the queue pair to the error state without an
+		// error completion (Soft-RoCE reports some local errors as flushes).
+		qp.fail(fmt.Errorf("%w: work flushed while connected", errDevice))
 	}
 	if id&idRecv != 0 {
 		seq := id & idSeq

@@ -513,7 +513,12 @@ int np_modify_cm(struct rdma_cm_id *id, struct ibv_qp *qp, int state, int rd_ato
 	int rc = f.init_qp_attr(id, &a, &mask);
 	if (rc)
 		return rc_errno(rc);
-	if (state == IBV_QPS_RTR) {
+	if (state == IBV_QPS_INIT) {
+		// Every right the queue pair's regions may grant: the regions'
+		// own rights decide.
+		a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+		mask |= IBV_QP_ACCESS_FLAGS;
+	} else if (state == IBV_QPS_RTR) {
 		if (rd_atomic > 0)
 			a.max_dest_rd_atomic = rd_atomic;
 		if (rnr >= 0)

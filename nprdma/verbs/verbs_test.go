@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/conformance"
 )
 
 // The tests below need an RDMA device and an address of it to listen on:
@@ -30,10 +31,10 @@ func testAddr(t *testing.T) string {
 	return a
 }
 
-func openDevice(t *testing.T) *Device {
+func openDevice(t *testing.T) *nprdma.Device {
 	t.Helper()
 	testAddr(t)
-	d, err := Open(os.Getenv("NPRDMA_VERBS_DEVICE"))
+	d, err := OpenDevice(os.Getenv("NPRDMA_VERBS_DEVICE"))
 	if errors.Is(err, ErrUnavailable) {
 		t.Skipf("no RDMA here: %v", err)
 	}
@@ -61,28 +62,39 @@ func TestUnavailableSaysWhy(t *testing.T) {
 	if !strings.Contains(msg, "no RDMA device") && !strings.Contains(msg, "libibverbs") && !strings.Contains(msg, "librdmacm") {
 		t.Fatalf("error %q names neither the missing library nor the missing device", msg)
 	}
-	if _, oerr := Open(""); !errors.Is(oerr, ErrUnavailable) {
+	if _, oerr := OpenDevice(""); !errors.Is(oerr, ErrUnavailable) {
 		t.Fatalf("Open: %v, want ErrUnavailable", oerr)
 	}
 }
 
-type end struct {
-	dev *Device
-	pd  *PD
-	cq  *CQ
-	qp  *QP
+// The nprdma conformance suite on the device.
+func TestConformance(t *testing.T) {
+	host := testAddr(t)
+	conformance.Run(t, conformance.Harness{NewDevice: openDevice, ListenAddr: net.JoinHostPort(host, "0")})
 }
 
-func newEnd(t *testing.T, d *Device, cfg QPConfig) *end {
+func TestRNRTimerCode(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want int
+	}{{0, 14}, {time.Millisecond, 14}, {10 * time.Microsecond, 1}, {11 * time.Microsecond, 2}, {400 * time.Millisecond, 31}, {500 * time.Millisecond, 0}} {
+		if got := rnrTimerCode(c.d); got != c.want {
+			t.Errorf("rnrTimerCode(%v) = %d, want %d", c.d, got, c.want)
+		}
+	}
+}
+
+type end struct {
+	dev *nprdma.Device
+	pd  *nprdma.PD
+	cq  *nprdma.CQ
+	qp  *nprdma.QP
+}
+
+func newEnd(t *testing.T, d *nprdma.Device, cfg nprdma.QPConfig) *end {
 	t.Helper()
-	pd, err := d.AllocPD()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cq, err := d.NewCQ(256, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pd := d.AllocPD()
+	cq := d.NewCQ(256)
 	cfg.SendCQ = cq
 	qp, err := pd.NewQP(cfg)
 	if err != nil {
@@ -96,7 +108,7 @@ func newEnd(t *testing.T, d *Device, cfg QPConfig) *end {
 	return &end{dev: d, pd: pd, cq: cq, qp: qp}
 }
 
-func (e *end) region(t *testing.T, n int, access nprdma.Access) (*MR, []byte) {
+func (e *end) region(t *testing.T, n int, access nprdma.Access) (*nprdma.MR, []byte) {
 	t.Helper()
 	buf, err := nprdma.AllocBuffer(n)
 	if err != nil {
@@ -115,7 +127,7 @@ func (e *end) region(t *testing.T, n int, access nprdma.Access) (*MR, []byte) {
 	return mr, buf
 }
 
-func wait1(t *testing.T, cq *CQ) nprdma.WC {
+func wait1(t *testing.T, cq *nprdma.CQ) nprdma.WC {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -126,7 +138,7 @@ func wait1(t *testing.T, cq *CQ) nprdma.WC {
 	return wc[0]
 }
 
-func expect(t *testing.T, cq *CQ, id uint64, op nprdma.Opcode, st nprdma.Status) nprdma.WC {
+func expect(t *testing.T, cq *nprdma.CQ, id uint64, op nprdma.Opcode, st nprdma.Status) nprdma.WC {
 	t.Helper()
 	wc := wait1(t, cq)
 	if wc.ID != id || wc.Op != op || wc.Status != st {
@@ -136,7 +148,7 @@ func expect(t *testing.T, cq *CQ, id uint64, op nprdma.Opcode, st nprdma.Status)
 }
 
 // pair connects a client and a server end over the device's address.
-func pair(t *testing.T, d *Device, cfg QPConfig, recvs func(srv *end)) (cli, srv *end, reply, req []byte) {
+func pair(t *testing.T, d *nprdma.Device, cfg nprdma.QPConfig, recvs func(srv *end)) (cli, srv *end, reply, req []byte) {
 	t.Helper()
 	host := testAddr(t)
 	cli, srv = newEnd(t, d, cfg), newEnd(t, d, cfg)
@@ -173,11 +185,11 @@ func pair(t *testing.T, d *Device, cfg QPConfig, recvs func(srv *end)) (cli, srv
 
 func TestConnectSendReadWrite(t *testing.T) {
 	d := openDevice(t)
-	t.Logf("device %+v", d.Info())
+	t.Logf("device %+v", d.Driver().(*Device).Info())
 	const n = 8192
-	var rmr *MR
+	var rmr *nprdma.MR
 	var rbuf []byte
-	cli, srv, reply, req := pair(t, d, QPConfig{}, func(srv *end) {
+	cli, srv, reply, req := pair(t, d, nprdma.QPConfig{}, func(srv *end) {
 		rmr, rbuf = srv.region(t, 4*n, nprdma.AccessLocalWrite|nprdma.AccessRemoteRead|nprdma.AccessRemoteWrite)
 		if err := srv.qp.PostRecv(nprdma.RecvWR{ID: 100, SG: []nprdma.SGE{rmr.SGE(0, n)}}); err != nil {
 			t.Fatal(err)
@@ -276,7 +288,7 @@ func TestConnectSendReadWrite(t *testing.T) {
 func TestRejectAndNobodyListening(t *testing.T) {
 	d := openDevice(t)
 	host := testAddr(t)
-	cli := newEnd(t, d, QPConfig{})
+	cli := newEnd(t, d, nprdma.QPConfig{})
 	ln, err := d.Listen(net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
@@ -299,7 +311,7 @@ func TestRejectAndNobodyListening(t *testing.T) {
 	addr := ln.Addr()
 	ln.Close()
 
-	other := newEnd(t, d, QPConfig{})
+	other := newEnd(t, d, nprdma.QPConfig{})
 	_, err = other.qp.Connect(ctx, addr, nil)
 	if err == nil || errors.As(err, &rej) || !strings.Contains(err.Error(), addr) {
 		t.Fatalf("connect to nothing: %v; want an error naming %s that is no rejection", err, addr)
@@ -311,8 +323,8 @@ func TestRejectAndNobodyListening(t *testing.T) {
 
 func TestDisconnectAndClose(t *testing.T) {
 	d := openDevice(t)
-	var rmr *MR
-	cli, srv, _, _ := pair(t, d, QPConfig{}, func(srv *end) {
+	var rmr *nprdma.MR
+	cli, srv, _, _ := pair(t, d, nprdma.QPConfig{}, func(srv *end) {
 		rmr, _ = srv.region(t, 4096, nprdma.AccessLocalWrite)
 		for i := 0; i < 4; i++ {
 			srv.qp.PostRecv(nprdma.RecvWR{ID: uint64(i), SG: []nprdma.SGE{rmr.SGE(0, 4096)}})
@@ -337,7 +349,7 @@ func TestDisconnectAndClose(t *testing.T) {
 	}
 }
 
-func post(t *testing.T, qp *QP, wrs ...nprdma.SendWR) {
+func post(t *testing.T, qp *nprdma.QP, wrs ...nprdma.SendWR) {
 	t.Helper()
 	if err := qp.PostSend(wrs...); err != nil {
 		t.Fatalf("post send: %v", err)
@@ -351,7 +363,7 @@ func same(t *testing.T, what string, got, want []byte) {
 	}
 }
 
-func waitErr(t *testing.T, qp *QP, want error) {
+func waitErr(t *testing.T, qp *nprdma.QP, want error) {
 	t.Helper()
 	select {
 	case <-qp.Done():
