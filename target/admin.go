@@ -401,6 +401,10 @@ func (c *controller) regionDescriptor(r *fabric.Request) result {
 		return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(),
 			"namespace %d is served two-sided only: it does not fit in the pinned memory of the baseline mode", n.nsid)}
 	}
+	if !n.Pinned() && !c.t.dev.Caps().UnpinnedRegions {
+		return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(),
+			"namespace %d is served two-sided only on device %s", n.nsid, c.t.dev.Name())}
+	}
 	mr, err := c.regionMR(n)
 	if err != nil {
 		if n.removed.Load() {
@@ -432,7 +436,7 @@ func (c *controller) discoveryLog() ([]byte, error) {
 	t := c.t
 	host, port := splitHostPort(t.Addr())
 	trtype, adrfam := nvme.TransportRDMA, nvme.AddressIPv4
-	if t.cfg.provider.Name() == "loop" {
+	if p := t.dev.Provider(); p != nil && p.Name() == "loop" {
 		trtype, adrfam = nvme.TransportLoop, nvme.AddressIntraHost
 	}
 	l := nvme.DiscoveryLog{GenCtr: t.genCtr.Load()}

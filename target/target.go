@@ -56,6 +56,7 @@ type Option func(*config)
 
 type config struct {
 	provider       nprdma.Provider
+	device         *nprdma.Device
 	listen         string
 	dataDir        string
 	reg            prometheus.Registerer
@@ -75,8 +76,14 @@ type config struct {
 	metaProbe      time.Duration
 }
 
-// WithProvider sets the nprdma provider (default nprdma/tcp).
+// WithProvider sets the nprdma provider the target's software NIC runs on
+// (default nprdma/tcp).
 func WithProvider(p nprdma.Provider) Option { return func(c *config) { c.provider = p } }
+
+// WithDevice makes the target serve on dev (hardware: nprdma/verbs) instead
+// of a software NIC of its own (default: none, WithProvider's). The target
+// closes it when it is closed.
+func WithDevice(dev *nprdma.Device) Option { return func(c *config) { c.device = dev } }
 
 // WithListen sets the address hosts connect to (default DefaultListen).
 func WithListen(addr string) Option { return func(c *config) { c.listen = addr } }
@@ -233,7 +240,10 @@ func New(opts ...Option) (*Target, error) {
 	// The namespace regions are registered unpinned; only the baseline
 	// mode pins (its namespaces and the data pool).
 	pinned := cfg.pinnedBudget > 0
-	t.dev = nprdma.NewDevice(cfg.provider, nprdma.WithName("target"), nprdma.WithPinning(pinned))
+	t.dev = cfg.device
+	if t.dev == nil {
+		t.dev = nprdma.NewDevice(cfg.provider, nprdma.WithName("target"), nprdma.WithPinning(pinned))
+	}
 	t.pd = t.dev.AllocPD()
 	fail := func(err error) (*Target, error) {
 		t.closeMetaUnserved()

@@ -13,6 +13,7 @@ import (
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/nprdma/verbs"
 	"github.com/urfave/cli/v2"
 )
 
@@ -30,7 +31,8 @@ func newApp() *cli.App {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "hostnqn", Usage: "host NQN to connect as (default: nqn.2014-08.org.nvmexpress:uuid:<host ID from --hostid-file>)"},
 			&cli.StringFlag{Name: "hostid-file", Usage: "file holding this host's ID, created on first use (default: $NPRDMA_STATE_DIR/hostid or ~/.config/nprdma/hostid)"},
-			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP) or loop (in-process; for tests only)"},
+			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP), verbs (an RDMA NIC through rdma-core; targets are then addressed by an IP address of the fabric) or loop (in-process; for tests only)"},
+			&cli.StringFlag{Name: "rdma-device", Usage: "with --provider verbs: the RDMA device to use (ibv_devices lists them; default: the first)"},
 			&cli.StringFlag{Name: "log-level", Value: "warn", Usage: "log level: debug, info, warn, error"},
 		},
 		Commands:        []*cli.Command{discoverCommand(), attachCommand(), listCommand(), detachCommand(), hostnqnCommand()},
@@ -77,8 +79,14 @@ func newDevice(cc *cli.Context) (*nprdma.Device, error) {
 		p = tcp.New()
 	case "loop":
 		p = loop.New()
+	case "verbs":
+		dev, err := verbs.OpenDevice(cc.String("rdma-device"), nprdma.WithName("initiator"))
+		if err != nil {
+			return nil, fmt.Errorf("--provider verbs: %w", err)
+		}
+		return dev, nil
 	default:
-		return nil, fmt.Errorf("--provider %q: want tcp or loop", name)
+		return nil, fmt.Errorf("--provider %q: want tcp, verbs or loop", name)
 	}
 	// Pinning the host's data buffers needs CAP_IPC_LOCK or a memlock
 	// limit; the software providers do not need it.

@@ -17,9 +17,9 @@ import (
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/internal/banner"
-	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/nprdma/verbs"
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -59,7 +59,7 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	prov, err := newProvider(cc.String("provider"))
+	fabricOpt, err := newFabric(cc.String("provider"), cc.String("rdma-device"))
 	if err != nil {
 		return err
 	}
@@ -111,7 +111,7 @@ func serve(cc *cli.Context) error {
 			AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: []namespaceSpec{{NSID: 1, Backing: path}}}}
 	}
 
-	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.String("listen")),
+	opts := []target.Option{fabricOpt, target.WithListen(cc.String("listen")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
 		target.WithQueueDepth(cc.Int("queue-depth"))}
 	opts = append(opts, lims.options()...)
@@ -234,7 +234,7 @@ func serve(cc *cli.Context) error {
 	if cc.Bool("pin") {
 		mode = "PINNED baseline (" + formatSize(memory) + " pinned at start)"
 	}
-	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), prov.Name(), tg.Addr(), mode, tg.PreviousRun().String()))
+	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), cc.String("provider"), tg.Addr(), mode, tg.PreviousRun().String()))
 
 	<-ctx.Done()
 	// Keep catching SIGTERM and SIGINT until the flush is done: a second one
@@ -342,12 +342,20 @@ func newLogger(level string) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
 }
 
-func newProvider(name string) (nprdma.Provider, error) {
+// newFabric is the target option --provider selects: a software NIC on
+// a provider, or an RDMA device (verbs).
+func newFabric(name, device string) (target.Option, error) {
 	switch name {
 	case "tcp":
-		return tcp.New(), nil
+		return target.WithProvider(tcp.New()), nil
 	case "loop":
-		return loop.New(), nil
+		return target.WithProvider(loop.New()), nil
+	case "verbs":
+		dev, err := verbs.OpenDevice(device)
+		if err != nil {
+			return nil, fmt.Errorf("--provider verbs: %w", err)
+		}
+		return target.WithDevice(dev), nil
 	}
-	return nil, fmt.Errorf("--provider %q: want tcp or loop", name)
+	return nil, fmt.Errorf("--provider %q: want tcp, verbs or loop", name)
 }

@@ -105,6 +105,9 @@ type Device struct {
 	listeners map[*Listener]struct{}
 
 	ctr counters
+	// inlineCap is the most inline data a queue pair was granted after the
+	// device refused more (0: never refused): later queue pairs ask no more.
+	inlineCap atomic.Int32
 }
 
 type counters struct {
@@ -123,12 +126,12 @@ func WithLogger(l *slog.Logger) Option { return func(d *Device) { d.log = l } }
 // OpenDevice opens the RDMA device called name ("" for the first one) as
 // an nprdma.Device. Without rdma-core or without a device the error wraps
 // ErrUnavailable and says what is missing.
-func OpenDevice(name string, opts ...Option) (*nprdma.Device, error) {
-	d, err := Open(name, opts...)
+func OpenDevice(name string, opts ...nprdma.DeviceOption) (*nprdma.Device, error) {
+	d, err := Open(name)
 	if err != nil {
 		return nil, err
 	}
-	return nprdma.Open(d), nil
+	return nprdma.Open(d, opts...), nil
 }
 
 // Open opens the RDMA device called name ("" for the first one): the

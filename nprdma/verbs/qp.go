@@ -125,6 +125,9 @@ func (pd *PD) NewQP(c nprdma.QPDriverConfig) (nprdma.QPDriver, error) {
 	// One more send and receive than asked for: the drain markers of Close.
 	var q *C.struct_ibv_qp
 	var e, got C.int
+	if c := int(pd.dev.inlineCap.Load()); c > 0 && inline > c {
+		inline = c // what the device granted before
+	}
 	for {
 		q = C.np_create_qp(pd.pd, cfg.SendCQ.cq, cfg.RecvCQ.cq, C.int(sdepth+1), C.int(rdepth+1),
 			C.int(maxSGE), C.int(maxSGE), C.int(inline), &e, &got)
@@ -139,6 +142,9 @@ func (pd *PD) NewQP(c nprdma.QPDriverConfig) (nprdma.QPDriver, error) {
 	}
 	if q == nil {
 		return nil, fmt.Errorf("verbs: %s: create queue pair (send %d, receive %d): %w", pd.dev.info.Name, sdepth, rdepth, syscall.Errno(e))
+	}
+	if inline < def(cfg.MaxInline, nprdma.DefaultMaxInline) {
+		pd.dev.inlineCap.Store(int32(max(inline, 1)))
 	}
 	access := C.IBV_ACCESS_LOCAL_WRITE | C.IBV_ACCESS_REMOTE_READ | C.IBV_ACCESS_REMOTE_WRITE
 	if rc := C.np_qp_init(q, 1, C.int(access)); rc != 0 {

@@ -5,6 +5,8 @@ package verbs
 import (
 	"errors"
 	"fmt"
+
+	"github.com/nprdma/nprdma/nprdma"
 )
 
 // ErrUnavailable is wrapped by the errors of Open and Devices when this
@@ -27,3 +29,6 @@ type Info struct {
 
 // Devices fails: no verbs in this build.
 func Devices() ([]Info, error) { return nil, errNotBuilt }
+
+// OpenDevice fails: no verbs in this build.
+func OpenDevice(string, ...nprdma.DeviceOption) (*nprdma.Device, error) { return nil, errNotBuilt }

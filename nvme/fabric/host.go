@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,8 +154,14 @@ func Dial(ctx context.Context, pd *nprdma.PD, addr string, qc QueueConfig, opts 
 			q.pool.Close()
 		}
 	}
-	q.recvBuf = make([]byte, qc.Entries*nvme.CQESize)
 	var err error
+	if q.recvBuf, err = nprdma.AllocBuffer(qc.Entries * nvme.CQESize); err != nil {
+		cleanup()
+		return nil, fmt.Errorf("nvme fabric: dial queue %d at %s: %w", qc.QID, addr, err)
+	}
+	// A leader may be reading a completion from recvBuf as the queue
+	// fails: the mapping goes when the queue is unreachable.
+	runtime.AddCleanup(q, func(b []byte) { nprdma.FreeBuffer(b) }, q.recvBuf)
 	if q.recvMR, err = pd.Register(q.recvBuf, nprdma.AccessLocalWrite); err != nil {
 		cleanup()
 		return nil, fmt.Errorf("nvme fabric: dial queue %d at %s: %w", qc.QID, addr, err)
@@ -171,6 +178,7 @@ func Dial(ctx context.Context, pd *nprdma.PD, addr string, qc QueueConfig, opts 
 		cleanup()
 		return nil, fmt.Errorf("nvme fabric: dial queue %d at %s: %w", qc.QID, addr, err)
 	}
+	q.maxInl = q.qp.MaxInline() // hardware may grant less: larger capsules go from a registered buffer
 	for i := 0; i < qc.Entries; i++ {
 		if err := q.postRecv(i); err != nil {
 			cleanup()
