@@ -389,6 +389,7 @@ func (s *session) region(ctx context.Context, nsid uint32) (*nvme.RegionDescript
 		}
 		if d.Flags&nvme.RegionRemoteRead != 0 && d.PageSize == BlockSize && d.LBASize == BlockSize {
 			ri.desc = &d
+			ri.hints.max = 2 * int(d.Frames)
 		}
 	case errors.Is(err, nvme.StatusInvalidOpcode), errors.Is(err, nvme.StatusInvalidField):
 		// A target without the NP extension (or not exporting this
@@ -473,16 +474,22 @@ func (n *Namespace) ReadAtContext(ctx context.Context, p []byte, off int64) (int
 func (n *Namespace) readChunk(ctx context.Context, s *session, p []byte, off int64) error {
 	c := n.c
 	start := time.Now()
-	buf, err := c.pool.Get(len(p))
-	if err != nil {
-		return fmt.Errorf("initiator: read buffer: %w", err)
-	}
-	defer buf.Release()
 	q := s.ioQueue(c)
 	desc, err := s.region(ctx, n.nsid)
 	if err != nil {
 		return err
 	}
+	if desc != nil && c.cfg.oneSided && desc.Format == nvme.RegionDescriptorFormat2 {
+		s.mu.Lock()
+		ri := s.regions[n.nsid]
+		s.mu.Unlock()
+		return n.readFrames(ctx, s, q, ri, p, off, start)
+	}
+	buf, err := c.pool.Get(len(p))
+	if err != nil {
+		return fmt.Errorf("initiator: read buffer: %w", err)
+	}
+	defer buf.Release()
 	if desc == nil || !c.cfg.oneSided {
 		if err := n.readCommand(ctx, q, buf, 0, len(p), off); err != nil {
 			return err

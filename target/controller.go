@@ -208,6 +208,9 @@ type controller struct {
 	tag       uint64 // access tag of its queue pairs and region MRs
 	token     uint64 // names it for its host (nvme.NPControllerRef); never 0
 	adminConn *queueConn
+	// frameReader: the host read a namespace's frame table, so its Reads
+	// fill the frames (frames.go).
+	frameReader atomic.Bool
 
 	mu       sync.Mutex
 	cc       nvme.CC

@@ -296,6 +296,7 @@ type Namespace struct {
 	dev     blockdev.Device
 	store   store
 	region  *swap.Region // nil in the pinned baseline
+	mirror  *frameMirror // the frames hosts read one-sided, where frames are used
 	pinned  *pinnedStore // baseline: held in the pinned memory
 	direct  bool         // baseline: too large for the pinned memory, two-sided only
 	nguid   [16]byte
@@ -406,8 +407,16 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		return n, nil
 	}
 	opts := []swap.Option{swap.WithSize(size), swap.WithLogger(t.log)}
-	if cfg.Budget > 0 {
-		opts = append(opts, swap.WithBudget(cfg.Budget))
+	budget, frameMem := cfg.Budget, int64(0)
+	if t.usesFrames() {
+		if budget <= 0 {
+			budget = size / 4 // swap's default
+		}
+		frameMem = int64(float64(budget) * t.cfg.frameShare)
+		budget = max(budget-frameMem, 64*BlockSize)
+	}
+	if budget > 0 {
+		opts = append(opts, swap.WithBudget(budget))
 	}
 	if t.cfg.reg != nil {
 		obs, err := swap.NewPrometheusObserver(t.cfg.reg, prometheus.Labels{"subsystem": s.nqn, "nsid": strconv.FormatUint(uint64(nsid), 10)})
@@ -429,6 +438,14 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		t.log.Warn("target: namespace region without userfaultfd", "subsystem", s.nqn, "nsid", nsid, "err", err)
 	}
 	n.region, n.store = region, region
+	if frameMem > 0 {
+		m, err := newFrameMirror(t.pd, frameMem, uint64(size/BlockSize))
+		if err != nil {
+			region.Close()
+			return fail(err)
+		}
+		n.mirror, n.store = m, &mirroredStore{store: region, m: m}
+	}
 	s.mu.Lock()
 	s.ns[nsid] = n
 	s.mu.Unlock()
@@ -520,6 +537,11 @@ func (n *Namespace) register(pd *nprdma.PD, tag uint64) (*nprdma.MR, error) {
 func (n *Namespace) close() error {
 	n.closeOnce.Do(func() {
 		err := n.store.Close()
+		if n.mirror != nil {
+			if merr := n.mirror.close(); err == nil {
+				err = merr
+			}
+		}
 		if cerr := n.dev.Close(); err == nil {
 			err = cerr
 		}

@@ -57,6 +57,8 @@ type Option func(*config)
 type config struct {
 	provider       nprdma.Provider
 	device         *nprdma.Device
+	frameMode      FrameMode
+	frameShare     float64
 	listen         string
 	dataDir        string
 	reg            prometheus.Registerer
@@ -84,6 +86,16 @@ func WithProvider(p nprdma.Provider) Option { return func(c *config) { c.provide
 // of a software NIC of its own (default: none, WithProvider's). The target
 // closes it when it is closed.
 func WithDevice(dev *nprdma.Device) Option { return func(c *config) { c.device = dev } }
+
+// WithFrames says when namespaces are read one-sided through frames
+// (frames.go; default FramesAuto: on devices that cannot read unpinned
+// memory).
+func WithFrames(m FrameMode) Option { return func(c *config) { c.frameMode = m } }
+
+// WithFrameShare sets the share of each namespace's DRAM budget held as
+// frames where frames are used, the rest staying the budget of its region
+// (default DefaultFrameShare).
+func WithFrameShare(f float64) Option { return func(c *config) { c.frameShare = f } }
 
 // WithListen sets the address hosts connect to (default DefaultListen).
 func WithListen(addr string) Option { return func(c *config) { c.listen = addr } }
@@ -212,6 +224,7 @@ func New(opts ...Option) (*Target, error) {
 		icd:            DefaultInCapsuleData,
 		fenceTimeout:   DefaultFenceTimeout,
 		metaProbe:      DefaultMetadataProbeInterval,
+		frameShare:     DefaultFrameShare,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -233,6 +246,9 @@ func New(opts ...Option) (*Target, error) {
 	}
 	if cfg.pinnedBudget < 0 {
 		return nil, fmt.Errorf("target: pinned budget %d is negative", cfg.pinnedBudget)
+	}
+	if cfg.frameShare <= 0 || cfg.frameShare >= 1 {
+		return nil, fmt.Errorf("target: frame share %g outside (0, 1)", cfg.frameShare)
 	}
 	t := &Target{cfg: cfg, log: cfg.log, subs: map[string]*Subsystem{}, ctrls: map[uint16]*controller{},
 		queues: map[*queueConn]struct{}{}, nextCNTL: 1}
