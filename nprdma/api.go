@@ -174,6 +174,9 @@ func (pd *PD) Register(buf []byte, access Access, opts ...MROption) (*MR, error)
 	if access&^accessAll != 0 {
 		return nil, fmt.Errorf("nprdma: register %d bytes: unknown access bits %#x", len(buf), uint32(access&^accessAll))
 	}
+	if access&AccessOnDemand != 0 && !pd.dev.caps.OnDemand {
+		return nil, fmt.Errorf("nprdma: register %d bytes on demand: device %s has no on-demand paging", len(buf), pd.dev.name)
+	}
 	if access&AccessRemoteWrite != 0 && access&AccessLocalWrite == 0 {
 		// As in verbs: remote write implies the NIC writes locally.
 		return nil, fmt.Errorf("nprdma: register %d bytes: remote-write needs local-write", len(buf))

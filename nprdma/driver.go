@@ -119,6 +119,8 @@ type Caps struct {
 	ResponderStats bool
 	// SendWithInvalidate: OpSendWithInv is supported.
 	SendWithInvalidate bool
+	// OnDemand: regions may be registered AccessOnDemand (on-demand paging).
+	OnDemand bool
 	// PeerErrorCauses: a queue pair whose peer failed learns why (a remote
 	// access error, a lost peer). On hardware a peer that fails or dies
 	// disconnects, and the queue pair fails with ErrPeerDisconnected.

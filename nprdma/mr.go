@@ -115,8 +115,8 @@ func (pd *softPD) Register(buf []byte, access Access, tag uint64) (MRDriver, err
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("nprdma: register: empty buffer")
 	}
-	if access&^accessAll != 0 {
-		return nil, fmt.Errorf("nprdma: register %d bytes: unknown access bits %#x", len(buf), uint32(access&^accessAll))
+	if access&^(accessAll&^AccessOnDemand) != 0 {
+		return nil, fmt.Errorf("nprdma: register %d bytes: access %s not offered by the software NIC", len(buf), access)
 	}
 	if access&AccessRemoteWrite != 0 && access&AccessLocalWrite == 0 {
 		// As in verbs: remote write implies the NIC writes locally.

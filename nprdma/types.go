@@ -31,9 +31,14 @@ const (
 	AccessRemoteRead
 	// AccessRemoteWrite lets a peer RDMA WRITE the region.
 	AccessRemoteWrite
+	// AccessOnDemand registers without pinning: the device faults pages in
+	// when it touches them (on-demand paging, IBV_ACCESS_ON_DEMAND; hardware
+	// with Caps.OnDemand). The software NIC refuses it: its regions that
+	// are not pinned are RegisterUnpinned's.
+	AccessOnDemand
 )
 
-const accessAll = AccessLocalWrite | AccessRemoteRead | AccessRemoteWrite
+const accessAll = AccessLocalWrite | AccessRemoteRead | AccessRemoteWrite | AccessOnDemand
 
 func (a Access) String() string {
 	if a == 0 {
@@ -48,6 +53,9 @@ func (a Access) String() string {
 	}
 	if a&AccessRemoteWrite != 0 {
 		parts = append(parts, "remote-write")
+	}
+	if a&AccessOnDemand != 0 {
+		parts = append(parts, "on-demand")
 	}
 	if a&^accessAll != 0 {
 		parts = append(parts, "unknown")

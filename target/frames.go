@@ -52,8 +52,10 @@ const (
 	FramesNever
 )
 
-// usesFrames reports whether the target's namespaces are read one-sided
+// UsesFrames reports whether the target's namespaces are read one-sided
 // through frames.
+func (t *Target) UsesFrames() bool { return t.usesFrames() }
+
 func (t *Target) usesFrames() bool {
 	switch t.cfg.frameMode {
 	case FramesAlways:

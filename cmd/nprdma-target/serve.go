@@ -111,7 +111,12 @@ func serve(cc *cli.Context) error {
 			AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: []namespaceSpec{{NSID: 1, Backing: path}}}}
 	}
 
-	opts := []target.Option{fabricOpt, target.WithListen(cc.String("listen")),
+	frames, err := frameMode(cc.String("frames"))
+	if err != nil {
+		return err
+	}
+	opts := []target.Option{fabricOpt, target.WithListen(cc.String("listen")), target.WithFrames(frames),
+		target.WithFrameShare(cc.Float64("frame-share")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
 		target.WithQueueDepth(cc.Int("queue-depth"))}
 	opts = append(opts, lims.options()...)
@@ -231,6 +236,9 @@ func serve(cc *cli.Context) error {
 			"health", "http://"+ln.Addr().String()+"/healthz", "ready", "http://"+ln.Addr().String()+"/readyz")
 	}
 	mode := "unpinned (NP-RDMA)"
+	if tg.UsesFrames() {
+		mode = fmt.Sprintf("frames (%.0f%% of each namespace's budget pinned at start)", 100*cc.Float64("frame-share"))
+	}
 	if cc.Bool("pin") {
 		mode = "PINNED baseline (" + formatSize(memory) + " pinned at start)"
 	}
@@ -340,6 +348,19 @@ func newLogger(level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// frameMode is the target.FrameMode --frames names.
+func frameMode(name string) (target.FrameMode, error) {
+	switch name {
+	case "auto":
+		return target.FramesAuto, nil
+	case "always":
+		return target.FramesAlways, nil
+	case "never":
+		return target.FramesNever, nil
+	}
+	return 0, fmt.Errorf("--frames %q: want auto, always or never", name)
 }
 
 // newFabric is the target option --provider selects: a software NIC on

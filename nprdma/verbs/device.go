@@ -200,7 +200,7 @@ func (d *Device) Info() Info { return d.info }
 // unpinned regions, access tags or responder counters; a peer's failure
 // arrives as a disconnect) and what it adds (SEND with invalidate).
 func (d *Device) Caps() nprdma.Caps {
-	return nprdma.Caps{SendWithInvalidate: true, PadsPrivateData: true,
+	return nprdma.Caps{SendWithInvalidate: true, PadsPrivateData: true, OnDemand: d.info.ODP,
 		MaxConnectPrivateData: MaxConnectPrivateData, MaxAcceptPrivateData: MaxAcceptPrivateData,
 		MaxRejectPrivateData: MaxRejectPrivateData}
 }

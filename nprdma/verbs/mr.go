@@ -101,20 +101,13 @@ type MR struct {
 // RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK. The access tag is not
 // enforced (nprdma.Caps.AccessTags).
 func (pd *PD) Register(buf []byte, access nprdma.Access, tag uint64) (nprdma.MRDriver, error) {
-	return pd.register(buf, access, false)
+	return pd.register(buf, access&^nprdma.AccessOnDemand, access&nprdma.AccessOnDemand != 0)
 }
 
 // RegisterUnpinned implements nprdma.PDDriver: a NIC cannot be handed a
 // region it has not pinned (docs/np-rdma.md).
 func (pd *PD) RegisterUnpinned(nprdma.Pager, nprdma.Access, uint64) (nprdma.MRDriver, error) {
 	return nil, fmt.Errorf("verbs: %s: register unpinned: a NIC reads only memory that is pinned or on-demand paged", pd.dev.info.Name)
-}
-
-// RegisterOnDemand registers buf with on-demand paging
-// (IBV_ACCESS_ON_DEMAND): nothing is pinned; the device faults pages in
-// when it touches them. Devices without ODP refuse it (Info.ODP).
-func (pd *PD) RegisterOnDemand(buf []byte, access nprdma.Access) (*MR, error) {
-	return pd.register(buf, access, true)
 }
 
 func (pd *PD) register(buf []byte, access nprdma.Access, odp bool) (*MR, error) {
