@@ -5,12 +5,14 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/bits"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nvme"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Frame mirrors: one-sided reads on devices that cannot read a namespace's
@@ -98,11 +100,12 @@ const frameSize = nvme.FrameHeaderSize + BlockSize
 
 // framesFor is how many frames and buckets mem bytes hold.
 func framesFor(mem int64) (frames, buckets uint32) {
-	n := mem / (frameSize + nvme.FrameBucketSize/2)
+	n := mem / (frameSize + nvme.FrameBucketSize)
 	n = max(min(n, nvme.MaxFrames), 16)
 	frames = uint32(n)
-	// About half the table's entries used, so that a bucket rarely fills.
-	buckets = 1 << bits.Len32(max(frames/4, 1)-1)
+	// A quarter of the table's entries used at most, so that a full
+	// bucket (which costs a frame) is rare.
+	buckets = 1 << bits.Len32(max(frames/2, 1)-1)
 	return frames, max(buckets, 1)
 }
 
@@ -392,4 +395,47 @@ func (n *Namespace) FrameStats() FrameStats {
 	}
 	return FrameStats{Frames: int(m.frames), PinnedBytes: m.pinnedBytes(), Installs: m.installs.Load(),
 		Invalidations: m.invalidations.Load(), Evictions: m.evictions.Load()}
+}
+
+// frameCollector exports the namespaces' frame counters at scrape time:
+// nprdma_target_frames, _frame_pinned_bytes, _frame_installs_total,
+// _frame_invalidations_total, _frame_evictions_total, by subsystem and
+// namespace.
+type frameCollector struct {
+	t                                           *Target
+	frames, pinned, installs, invalidated, evic *prometheus.Desc
+}
+
+func newFrameCollector(t *Target) *frameCollector {
+	l := []string{"subsystem", "nsid"}
+	return &frameCollector{t: t,
+		frames:      prometheus.NewDesc("nprdma_target_frames", "Frames of a namespace's pool, read one-sided by hosts on RDMA NICs.", l, nil),
+		pinned:      prometheus.NewDesc("nprdma_target_frame_pinned_bytes", "Memory the frames and their table pin.", l, nil),
+		installs:    prometheus.NewDesc("nprdma_target_frame_installs_total", "Blocks copied into frames after a host read them two-sided.", l, nil),
+		invalidated: prometheus.NewDesc("nprdma_target_frame_invalidations_total", "Frames emptied because their block changed.", l, nil),
+		evic:        prometheus.NewDesc("nprdma_target_frame_evictions_total", "Frames taken for another block.", l, nil),
+	}
+}
+
+func (c *frameCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.frames, c.pinned, c.installs, c.invalidated, c.evic} {
+		ch <- d
+	}
+}
+
+func (c *frameCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.t.Subsystems() {
+		for _, n := range s.Namespaces() {
+			if n.mirror == nil {
+				continue
+			}
+			fs := n.FrameStats()
+			l := []string{s.NQN(), strconv.FormatUint(uint64(n.nsid), 10)}
+			ch <- prometheus.MustNewConstMetric(c.frames, prometheus.GaugeValue, float64(fs.Frames), l...)
+			ch <- prometheus.MustNewConstMetric(c.pinned, prometheus.GaugeValue, float64(fs.PinnedBytes), l...)
+			ch <- prometheus.MustNewConstMetric(c.installs, prometheus.CounterValue, float64(fs.Installs), l...)
+			ch <- prometheus.MustNewConstMetric(c.invalidated, prometheus.CounterValue, float64(fs.Invalidations), l...)
+			ch <- prometheus.MustNewConstMetric(c.evic, prometheus.CounterValue, float64(fs.Evictions), l...)
+		}
+	}
 }
