@@ -7,7 +7,7 @@ BIN       := bin
 RACE_PKGS  := ./blockdev/... ./swap/... ./nprdma/... ./nvme/... ./target/... ./initiator/... ./integration/... ./internal/... ./lab/...
 # Packages with allocation tests (TestHotPathAllocations, TestSlowPathAllocatesNothing,
 # TestCommandPathAllocations).
-ALLOC_PKGS := ./nprdma/tcp ./integration/np/npread ./target
+ALLOC_PKGS := ./nprdma/tcp ./nprdma/shm ./integration/np/npread ./target
 # The rest: benchmark code (its own quick tests) and the CLIs.
 OTHER_PKGS := ./bench/... ./cmd/...
 # Short fuzz runs in `make test`; `make fuzz FUZZTIME=10m` for a long run.

@@ -6,22 +6,28 @@ import (
 
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nvme"
-	"github.com/nprdma/nprdma/nvme/fabric"
 )
 
-// Discover connects to the discovery controller of the target at addr and
-// returns its Discovery log page: the subsystems this host may access.
+// Discover connects to the discovery controller of the target at addr over
+// the nprdma fabric with device dev and returns its Discovery log page: the
+// subsystems this host may access. It is DiscoverOver with NPRDMA(dev).
 func Discover(ctx context.Context, dev *nprdma.Device, addr string, opts ...Option) (nvme.DiscoveryLog, error) {
+	return DiscoverOver(ctx, NPRDMA(dev), addr, opts...)
+}
+
+// DiscoverOver reads the Discovery log page of the discovery controller at
+// addr over transport t (NVMe/TCP discovery controllers listen on port
+// 8009 by convention, and nvmet and nprdma-target also on their I/O ports).
+func DiscoverOver(ctx context.Context, t Transport, addr string, opts ...Option) (nvme.DiscoveryLog, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nvme.DiscoveryLog{}, err
 	}
-	c := &Controller{cfg: cfg, addr: addr, subNQN: nvme.DiscoveryNQN, dev: dev, pd: dev.AllocPD()}
-	defer c.pd.Close()
-	if c.pool, err = nprdma.NewBufferPool(c.pd, fabric.HostAccess); err != nil {
-		return nvme.DiscoveryLog{}, fmt.Errorf("initiator: %w", err)
+	c, err := newController(t, addr, nvme.DiscoveryNQN, cfg)
+	if err != nil {
+		return nvme.DiscoveryLog{}, err
 	}
-	defer c.pool.Close()
+	defer c.b.close()
 	s, err := c.connectAdmin(ctx, nvme.DiscoveryNQN, 0, nvme.NPControllerRef{})
 	if err != nil {
 		return nvme.DiscoveryLog{}, err

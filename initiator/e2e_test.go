@@ -19,6 +19,7 @@ import (
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
@@ -29,25 +30,42 @@ const testSubNQN = "nqn.2026-11.io.nprdma:test"
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// fabricKind gives the two sides of a test their providers.
+// fabricKind gives the two sides of a test their providers, and says
+// whether the host reaches the target over NVMe/TCP instead of the nprdma
+// fabric.
 type fabricKind struct {
 	name   string
 	new    func() (srv, cli nprdma.Provider)
 	listen string
+	// nvmeTCP: the target also listens for NVMe/TCP, and the host connects
+	// there (TCP transport: two-sided reads only).
+	nvmeTCP bool
 }
 
 var kinds = []fabricKind{
 	{"loop", func() (nprdma.Provider, nprdma.Provider) {
 		f := loop.NewFabric()
 		return loop.New(loop.WithFabric(f)), loop.New(loop.WithFabric(f))
-	}, "ns-test"},
-	{"tcp", func() (nprdma.Provider, nprdma.Provider) { return tcp.New(), tcp.New() }, "127.0.0.1:0"},
+	}, "ns-test", false},
+	{"tcp", func() (nprdma.Provider, nprdma.Provider) { return tcp.New(), tcp.New() }, "127.0.0.1:0", false},
+	// A socket of its own in the temporary directory, and shareable
+	// regions the initiator reads in place.
+	{"shm", func() (nprdma.Provider, nprdma.Provider) { return shm.New(), shm.New() }, shm.Scheme, false},
 }
+
+// nvmeTCPKind is the host over NVMe/TCP to the same in-process target.
+var nvmeTCPKind = fabricKind{"nvme-tcp", func() (nprdma.Provider, nprdma.Provider) { return tcp.New(), tcp.New() }, "127.0.0.1:0", true}
+
+// everyTransport is kinds and NVMe/TCP: for the tests that do not depend on
+// one-sided reads, or check them only where there are some.
+var everyTransport = append(kinds[:len(kinds):len(kinds)], nvmeTCPKind)
 
 type targetSpec struct {
 	prov       nprdma.Provider
 	listen     string
-	dir        string // backing file and data dir live here
+	alsoListen []string // more nprdma fabric addresses (unix:PATH: shared memory)
+	listenTCP  string   // NVMe/TCP too, at this address ("": not served)
+	dir        string   // backing file and data dir live here
 	size       int64
 	budget     int64
 	hosts      []string
@@ -89,10 +107,13 @@ func startTargetE(t *testing.T, spec targetSpec) (*target.Target, error) {
 			return nil, err
 		}
 	}
-	opts := append([]target.Option{target.WithProvider(spec.prov), target.WithListen(spec.listen),
+	opts := append([]target.Option{target.WithProvider(spec.prov), target.WithListen(append([]string{spec.listen}, spec.alsoListen...)...),
 		target.WithDataDir(filepath.Join(spec.dir, "meta")), target.WithLogger(quiet)}, spec.targetOpts...)
 	if spec.kato > 0 {
 		opts = append(opts, target.WithKeepAliveTimeout(spec.kato))
+	}
+	if spec.listenTCP != "" {
+		opts = append(opts, target.WithListenNVMeTCP(spec.listenTCP))
 	}
 	tg, err := target.New(opts...)
 	if err != nil {
@@ -121,23 +142,43 @@ func startTargetE(t *testing.T, spec targetSpec) (*target.Target, error) {
 }
 
 type rig struct {
+	kind             fabricKind
 	srvProv, cliProv nprdma.Provider
 	tg               *target.Target
 	dev              *nprdma.Device
 	spec             targetSpec
 }
 
+// transport is how the rig's hosts reach its target.
+func (r *rig) transport() Transport {
+	if r.kind.nvmeTCP {
+		return TCP()
+	}
+	return NPRDMA(r.dev)
+}
+
+// addr is where the rig's hosts reach its target.
+func (r *rig) addr() string {
+	if r.kind.nvmeTCP {
+		return r.tg.NVMeTCPAddr()
+	}
+	return r.tg.Addr()
+}
+
 func newRig(t *testing.T, k fabricKind, spec targetSpec) *rig {
 	t.Helper()
 	sp, cp := k.new()
 	spec.prov, spec.listen = sp, k.listen
+	if k.nvmeTCP {
+		spec.listenTCP = "127.0.0.1:0"
+	}
 	if spec.dir == "" {
 		spec.dir = t.TempDir()
 	}
 	if spec.size == 0 {
 		spec.size = 16 << 20
 	}
-	r := &rig{srvProv: sp, cliProv: cp, spec: spec}
+	r := &rig{kind: k, srvProv: sp, cliProv: cp, spec: spec}
 	r.tg = startTarget(t, spec)
 	r.dev = nprdma.NewDevice(cp, nprdma.WithName("initiator"), nprdma.WithPinning(false))
 	t.Cleanup(func() {
@@ -152,7 +193,7 @@ func (r *rig) connect(t *testing.T, opts ...Option) *Controller {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	opts = append([]Option{WithStateFile(filepath.Join(t.TempDir(), "hostid")), WithLogger(quiet), WithIOQueues(2)}, opts...)
-	c, err := Connect(ctx, r.dev, r.tg.Addr(), testSubNQN, opts...)
+	c, err := ConnectOver(ctx, r.transport(), r.addr(), testSubNQN, opts...)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
@@ -208,9 +249,10 @@ func verifyRange(t *testing.T, n *Namespace, off, length int64, seed uint64) {
 // TestEndToEnd is the acceptance test: a namespace four times the target's
 // DRAM budget is written with a seeded pattern, flushed, read back whole;
 // a hot set is then read almost entirely one-sided, and a cold phase
-// resolves faults and still verifies.
+// resolves faults and still verifies. Over NVMe/TCP every read is an NVMe
+// Read, and the target still reports the faults it resolved.
 func TestEndToEnd(t *testing.T) {
-	for _, k := range kinds {
+	for _, k := range everyTransport {
 		t.Run(k.name, func(t *testing.T) {
 			const size, budget = 32 << 20, 8 << 20
 			r := newRig(t, k, targetSpec{size: size, budget: budget, allowAny: true})
@@ -228,7 +270,7 @@ func TestEndToEnd(t *testing.T) {
 				verifyRange(t, n, off, 1<<20, seed)
 			}
 			full := c.Stats()
-			if full.FallbackPages == 0 || full.MajorResolved == 0 {
+			if (full.FallbackPages == 0 && !k.nvmeTCP) || full.MajorResolved == 0 {
 				t.Fatalf("whole-namespace read over a quarter budget resolved no faults: %+v", full)
 			}
 
@@ -247,8 +289,14 @@ func TestEndToEnd(t *testing.T) {
 			oneSided := hot.ReadsOneSided - before.ReadsOneSided
 			share := float64(oneSided) / float64(reads)
 			t.Logf("hot phase: %d of %d reads one-sided (%.1f%%)", oneSided, reads, 100*share)
-			if share < 0.95 {
+			switch {
+			case k.nvmeTCP && (oneSided != 0 || hot.TwoSidedReads-before.TwoSidedReads != reads || hot.OneSidedReads != 0):
+				t.Fatalf("hot phase over NVMe/TCP: not every read two-sided: %+v", hot)
+			case !k.nvmeTCP && share < 0.95:
 				t.Fatalf("hot phase: one-sided share %.3f < 0.95 (%+v)", share, hot)
+			}
+			if _, ok := r.cliProv.(*shm.Provider); ok && r.dev.Stats().LocalReads < uint64(oneSided) {
+				t.Fatalf("hot phase over shm: %d READs in place, fewer than the %d one-sided reads", r.dev.Stats().LocalReads, oneSided)
 			}
 
 			// Cold phase: reads spread over the namespace fault pages in.
@@ -258,7 +306,7 @@ func TestEndToEnd(t *testing.T) {
 				verifyRange(t, n, off, 4*BlockSize, seed)
 			}
 			cold := c.Stats()
-			if cold.SuspectedPages == before.SuspectedPages || cold.FallbackReads == before.FallbackReads {
+			if !k.nvmeTCP && (cold.SuspectedPages == before.SuspectedPages || cold.FallbackReads == before.FallbackReads) {
 				t.Fatalf("cold phase suspected no fault: %+v", cold)
 			}
 			if cold.MajorResolved+cold.MinorResolved == before.MajorResolved+before.MinorResolved {
@@ -315,13 +363,13 @@ func TestMagicContentIsAFalsePositive(t *testing.T) {
 }
 
 func TestHostNotAllowedIsRefusedAtConnect(t *testing.T) {
-	for _, k := range kinds {
+	for _, k := range everyTransport {
 		t.Run(k.name, func(t *testing.T) {
 			allowed := "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"
 			r := newRig(t, k, targetSpec{hosts: []string{allowed}})
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, err := Connect(ctx, r.dev, r.tg.Addr(), testSubNQN, WithLogger(quiet),
+			_, err := ConnectOver(ctx, r.transport(), r.addr(), testSubNQN, WithLogger(quiet),
 				WithHostNQN("nqn.2014-08.org.nvmexpress:uuid:99999999-2222-3333-4444-555555555555"),
 				WithStateFile(filepath.Join(t.TempDir(), "hostid")))
 			if !errors.Is(err, ErrHostNotAllowed) || !errors.Is(err, nvme.StatusConnectInvalidHost) {
@@ -334,7 +382,7 @@ func TestHostNotAllowedIsRefusedAtConnect(t *testing.T) {
 			// (decoded from the field the target blamed), not just "invalid
 			// parameters".
 			const unknown = "nqn.2026-11.io.nprdma:no-such-subsystem"
-			_, err = Connect(ctx, r.dev, r.tg.Addr(), unknown, WithLogger(quiet), WithHostNQN(allowed),
+			_, err = ConnectOver(ctx, r.transport(), r.addr(), unknown, WithLogger(quiet), WithHostNQN(allowed),
 				WithStateFile(filepath.Join(t.TempDir(), "hostid")))
 			if !errors.Is(err, nvme.StatusConnectInvalidParameters) || !strings.Contains(err.Error(), "does not serve subsystem "+unknown) {
 				t.Fatalf("connect to an unknown subsystem: %v", err)
@@ -343,11 +391,11 @@ func TestHostNotAllowedIsRefusedAtConnect(t *testing.T) {
 			// subsystem, the refused host's lists nothing.
 			c := r.connect(t, WithHostNQN(allowed))
 			namespace(t, c)
-			l, err := Discover(ctx, r.dev, r.tg.Addr(), WithHostNQN(allowed), WithLogger(quiet), WithStateFile(filepath.Join(t.TempDir(), "hostid")))
+			l, err := DiscoverOver(ctx, r.transport(), r.addr(), WithHostNQN(allowed), WithLogger(quiet), WithStateFile(filepath.Join(t.TempDir(), "hostid")))
 			if err != nil || len(l.Entries) != 1 || l.Entries[0].SubNQN != testSubNQN {
 				t.Fatalf("discovery for the allowed host: %+v %v", l, err)
 			}
-			l, err = Discover(ctx, r.dev, r.tg.Addr(), WithHostNQN("nqn.2014-08.org.nvmexpress:uuid:99999999-2222-3333-4444-555555555555"),
+			l, err = DiscoverOver(ctx, r.transport(), r.addr(), WithHostNQN("nqn.2014-08.org.nvmexpress:uuid:99999999-2222-3333-4444-555555555555"),
 				WithLogger(quiet), WithStateFile(filepath.Join(t.TempDir(), "hostid")))
 			if err != nil || len(l.Entries) != 0 {
 				t.Fatalf("discovery for a host not allowed: %+v %v", l, err)
@@ -378,9 +426,9 @@ func TestRKeyOfAnotherControllerIsRefused(t *testing.T) {
 				t.Fatal("two controllers share an rkey")
 			}
 			b.mu.Lock()
-			q := b.sess.io[0]
+			q := b.sess.io[0].(remoteReader)
 			b.mu.Unlock()
-			buf, err := b.pool.Get(BlockSize)
+			buf, err := b.b.remote().pool.Get(BlockSize)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -404,7 +452,7 @@ func TestRKeyOfAnotherControllerIsRefused(t *testing.T) {
 // TestBadInputGetsTheRightStatus sends bad commands on a real I/O queue:
 // each gets its status and the next good command on the same queue works.
 func TestBadInputGetsTheRightStatus(t *testing.T) {
-	for _, k := range kinds {
+	for _, k := range everyTransport {
 		t.Run(k.name, func(t *testing.T) {
 			r := newRig(t, k, targetSpec{allowAny: true})
 			c := r.connect(t)
@@ -465,7 +513,13 @@ func dsm(t *testing.T, slba uint64, blocks uint32) []byte {
 // TestWritesTrimsAndZeroes covers FUA writes, trims and write-zeroes
 // through the namespace API.
 func TestWritesTrimsAndZeroes(t *testing.T) {
-	r := newRig(t, kinds[0], targetSpec{allowAny: true})
+	for _, k := range []fabricKind{kinds[0], nvmeTCPKind} {
+		t.Run(k.name, func(t *testing.T) { writesTrimsAndZeroes(t, k) })
+	}
+}
+
+func writesTrimsAndZeroes(t *testing.T, k fabricKind) {
+	r := newRig(t, k, targetSpec{allowAny: true})
 	c := r.connect(t)
 	n := namespace(t, c)
 	buf := make([]byte, 64*BlockSize)
@@ -505,15 +559,22 @@ func TestWritesTrimsAndZeroes(t *testing.T) {
 // never sends Keep Alive: the target tears the controller down after KATO
 // and the host's queue fails.
 func TestKeepAliveTimeoutTearsControllerDown(t *testing.T) {
-	r := newRig(t, kinds[1], targetSpec{allowAny: true})
+	for _, k := range []fabricKind{kinds[1], nvmeTCPKind} {
+		t.Run(k.name, func(t *testing.T) { keepAliveTimeoutTearsControllerDown(t, k) })
+	}
+}
+
+func keepAliveTimeoutTearsControllerDown(t *testing.T, k fabricKind) {
+	r := newRig(t, k, targetSpec{allowAny: true})
 	cfg, err := newConfig([]Option{WithStateFile(filepath.Join(t.TempDir(), "hostid")), WithLogger(quiet)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Controller{cfg: cfg, addr: r.tg.Addr(), subNQN: testSubNQN, dev: r.dev, pd: r.dev.AllocPD()}
-	if c.pool, err = nprdma.NewBufferPool(c.pd, fabric.HostAccess); err != nil {
+	c, err := newController(r.transport(), r.addr(), testSubNQN, cfg)
+	if err != nil {
 		t.Fatal(err)
 	}
+	defer c.b.close()
 	ctx := context.Background()
 	s, err := c.connectAdmin(ctx, testSubNQN, 300*time.Millisecond, nvme.NPControllerRef{})
 	if err != nil {
@@ -522,20 +583,29 @@ func TestKeepAliveTimeoutTearsControllerDown(t *testing.T) {
 	if got := r.tg.Controllers(); got != 1 {
 		t.Fatalf("%d controllers, want 1", got)
 	}
-	select {
-	case <-s.admin.Done():
-	case <-time.After(15 * time.Second):
-		t.Fatal("admin queue still up long after the keep-alive timeout")
+	// The queue pair notices the teardown by itself; an idle NVMe/TCP
+	// connection only when it is next used (below).
+	if !k.nvmeTCP {
+		select {
+		case <-s.admin.Done():
+		case <-time.After(15 * time.Second):
+			t.Fatal("admin queue still up long after the keep-alive timeout")
+		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(15 * time.Second)
 	for r.tg.Controllers() != 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d controllers after the keep-alive timeout", r.tg.Controllers())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if _, err := s.admin.Submit(ctx, nvme.KeepAliveCommand(), nil); !errors.Is(err, fabric.ErrQueueFailed) {
+	if _, err := s.admin.Submit(ctx, nvme.KeepAliveCommand(), nil); !errors.Is(err, nvme.ErrQueueFailed) {
 		t.Fatalf("keep-alive after teardown: %v", err)
+	}
+	select {
+	case <-s.admin.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("admin queue not done after a keep-alive failed on it")
 	}
 }
 
@@ -544,29 +614,49 @@ func TestKeepAliveTimeoutTearsControllerDown(t *testing.T) {
 // reconnects (fresh region descriptor), the I/O completes and the data is
 // there. Then the target goes away for good: I/O fails with
 // ErrControllerLost within the loss timeout.
-// restartable starts a 16 MiB tcp target on a fixed address, so that a test
-// can restart it there, and connects to it with a 20 s loss timeout.
-func restartable(t *testing.T, opts ...Option) (spec targetSpec, tg *target.Target, dev *nprdma.Device, c *Controller) {
+// restartable starts a 16 MiB tcp target on fixed addresses (the nprdma
+// fabric's, and NVMe/TCP's with k.nvmeTCP), so that a test can restart it
+// there, and connects to it over k's transport with a 20 s loss timeout.
+// addr is where the host connects.
+func restartable(t *testing.T, k fabricKind, opts ...Option) (spec targetSpec, tg *target.Target, tr Transport, addr string, c *Controller) {
 	t.Helper()
 	dir := t.TempDir()
 	spec = targetSpec{dir: dir, size: 16 << 20, allowAny: true, prov: tcp.New(), listen: "127.0.0.1:0"}
+	if k.nvmeTCP {
+		spec.listenTCP = "127.0.0.1:0"
+	}
 	tg = startTarget(t, spec)
-	spec.listen = tg.Addr()
-	dev = nprdma.NewDevice(tcp.New(), nprdma.WithPinning(false))
-	t.Cleanup(func() { dev.Close() })
+	spec.listen, spec.listenTCP, addr = tg.Addr(), tg.NVMeTCPAddr(), tg.Addr()
+	tr = TCP()
+	if k.nvmeTCP {
+		addr = spec.listenTCP
+	} else {
+		dev := nprdma.NewDevice(tcp.New(), nprdma.WithPinning(false))
+		t.Cleanup(func() { dev.Close() })
+		tr = NPRDMA(dev)
+	}
 	opts = append([]Option{WithLogger(quiet), WithStateFile(filepath.Join(dir, "hostid")), WithControllerLossTimeout(20 * time.Second),
 		WithQPTimeout(2 * time.Second), WithReconnectDelay(20 * time.Millisecond)}, opts...)
-	c, err := Connect(context.Background(), dev, spec.listen, testSubNQN, opts...)
+	c, err := ConnectOver(context.Background(), tr, addr, testSubNQN, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return spec, tg, dev, c
+	return spec, tg, tr, addr, c
 }
 
+// restartKinds are the transports of the restart tests.
+var restartKinds = []fabricKind{kinds[1], nvmeTCPKind}
+
 func TestReconnectAfterTargetRestart(t *testing.T) {
-	spec, tg, dev, c := restartable(t, WithIOQueues(2), WithKeepAlive(time.Second))
-	dir, addr := spec.dir, spec.listen
+	for _, k := range restartKinds {
+		t.Run(k.name, func(t *testing.T) { reconnectAfterTargetRestart(t, k) })
+	}
+}
+
+func reconnectAfterTargetRestart(t *testing.T, k fabricKind) {
+	spec, tg, tr, addr, c := restartable(t, k, WithIOQueues(2), WithKeepAlive(time.Second))
+	dir := spec.dir
 	ctx := context.Background()
 	n := namespace(t, c)
 	buf := make([]byte, 256*BlockSize)
@@ -614,12 +704,15 @@ func TestReconnectAfterTargetRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d1.RKey == d2.RKey && d1.Magic == d2.Magic {
+	switch {
+	case k.nvmeTCP && (d1 != nil || d2 != nil):
+		t.Fatalf("region descriptors over NVMe/TCP: %+v %+v", d1, d2)
+	case !k.nvmeTCP && d1.RKey == d2.RKey && d1.Magic == d2.Magic:
 		t.Fatal("region descriptor not refreshed after the restart")
 	}
 
 	// Now the target goes for good: a short loss timeout bounds the wait.
-	c2, err := Connect(ctx, dev, addr, testSubNQN, WithLogger(quiet), WithIOQueues(1),
+	c2, err := ConnectOver(ctx, tr, addr, testSubNQN, WithLogger(quiet), WithIOQueues(1),
 		WithStateFile(filepath.Join(dir, "hostid")), WithControllerLossTimeout(time.Second),
 		WithQPTimeout(500*time.Millisecond), WithReconnectDelay(20*time.Millisecond))
 	if err != nil {
@@ -649,7 +742,13 @@ func TestReconnectAfterTargetRestart(t *testing.T) {
 // past the smaller region's end failed the queue pair and the reconnect
 // retried it for ever; and until session 8 only I/O found the change.
 func TestNamespaceChangedAcrossRestart(t *testing.T) {
-	spec, tg, _, c := restartable(t, WithIOQueues(1))
+	for _, k := range restartKinds {
+		t.Run(k.name, func(t *testing.T) { namespaceChangedAcrossRestart(t, k) })
+	}
+}
+
+func namespaceChangedAcrossRestart(t *testing.T, k fabricKind) {
+	spec, tg, _, _, c := restartable(t, k, WithIOQueues(1))
 	n := namespace(t, c)
 	if again := namespace(t, c); again != n {
 		t.Fatal("a second call for the same namespace gave another handle")
@@ -657,7 +756,7 @@ func TestNamespaceChangedAcrossRestart(t *testing.T) {
 	if err := tg.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	other := targetSpec{dir: t.TempDir(), size: 8 << 20, allowAny: true, prov: tcp.New(), listen: spec.listen}
+	other := targetSpec{dir: t.TempDir(), size: 8 << 20, allowAny: true, prov: tcp.New(), listen: spec.listen, listenTCP: spec.listenTCP}
 	start := time.Now()
 	tg2 := startTarget(t, other)
 	defer tg2.Close()
@@ -821,7 +920,13 @@ func TestPinnedBaselineLargerThanBudget(t *testing.T) {
 // own model of its part, so one-sided reads, fallbacks, eviction and
 // writeback all race with each other.
 func TestConcurrentIOUnderEviction(t *testing.T) {
-	r := newRig(t, kinds[1], targetSpec{size: 16 << 20, budget: 2 << 20, allowAny: true})
+	for _, k := range []fabricKind{kinds[1], nvmeTCPKind} {
+		t.Run(k.name, func(t *testing.T) { concurrentIOUnderEviction(t, k) })
+	}
+}
+
+func concurrentIOUnderEviction(t *testing.T, k fabricKind) {
+	r := newRig(t, k, targetSpec{size: 16 << 20, budget: 2 << 20, allowAny: true})
 	c := r.connect(t, WithIOQueues(2), WithQueueDepth(16))
 	n := namespace(t, c)
 	const workers, part = 8, 2 << 20
@@ -875,9 +980,10 @@ func TestConcurrentIOUnderEviction(t *testing.T) {
 // TestNoTornPageUnderConcurrentWrites: one goroutine rewrites a page over
 // and over (every 8-byte word of version v is v) while readers read it; a
 // read that mixed two versions would show two different words. Reads go
-// one-sided and, when they catch the page busy or changed, fall back.
+// one-sided and, when they catch the page busy or changed, fall back (over
+// NVMe/TCP they are NVMe Reads).
 func TestNoTornPageUnderConcurrentWrites(t *testing.T) {
-	for _, k := range kinds {
+	for _, k := range everyTransport {
 		t.Run(k.name, func(t *testing.T) {
 			r := newRig(t, k, targetSpec{allowAny: true})
 			c := r.connect(t)

@@ -55,7 +55,7 @@ func (h *frameHints) drop(b uint64) {
 }
 
 // readFrames reads p at off (one transfer) through the frame table.
-func (n *Namespace) readFrames(ctx context.Context, s *session, q *fabric.HostQueue, ri *regionInfo, p []byte, off int64, start time.Time) error {
+func (n *Namespace) readFrames(ctx context.Context, q hostQueue, rq remoteReader, rr *remoteReads, ri *regionInfo, p []byte, off int64, start time.Time) error {
 	c := n.c
 	d := ri.desc
 	nb := len(p) / BlockSize
@@ -63,7 +63,7 @@ func (n *Namespace) readFrames(ctx context.Context, s *session, q *fabric.HostQu
 	c.ctr.oneSidedReads.Add(1)
 	c.ctr.oneSidedPages.Add(uint64(nb))
 	c.ctr.oneSidedBytes.Add(uint64(len(p)))
-	fbuf, err := c.pool.Get(min(nb, frameGroup) * int(d.FrameSize))
+	fbuf, err := rr.pool.Get(min(nb, frameGroup) * int(d.FrameSize))
 	if err != nil {
 		return fmt.Errorf("initiator: frame buffer: %w", err)
 	}
@@ -90,7 +90,7 @@ func (n *Namespace) readFrames(ctx context.Context, s *session, q *fabric.HostQu
 		if need > 0 {
 			// Read the buckets of the blocks without a hint.
 			if tbuf == nil {
-				if tbuf, err = c.pool.Get(frameGroup * nvme.FrameBucketSize); err != nil {
+				if tbuf, err = rr.pool.Get(frameGroup * nvme.FrameBucketSize); err != nil {
 					return fmt.Errorf("initiator: table buffer: %w", err)
 				}
 			}
@@ -102,7 +102,7 @@ func (n *Namespace) readFrames(ctx context.Context, s *session, q *fabric.HostQu
 					r++
 				}
 			}
-			if err := q.ReadRemoteBatch(ctx, tbuf, reads[:r]); err != nil {
+			if err := rq.ReadRemoteBatch(ctx, tbuf, reads[:r]); err != nil {
 				return err
 			}
 			c.ctr.frameTableReads.Add(uint64(r))
@@ -126,7 +126,7 @@ func (n *Namespace) readFrames(ctx context.Context, s *session, q *fabric.HostQu
 				r++
 			}
 		}
-		if err := q.ReadRemoteBatch(ctx, fbuf, reads[:r]); err != nil {
+		if err := rq.ReadRemoteBatch(ctx, fbuf, reads[:r]); err != nil {
 			return err
 		}
 		for i := 0; i < k; i++ {
@@ -173,16 +173,15 @@ func (n *Namespace) readFrames(ctx context.Context, s *session, q *fabric.HostQu
 }
 
 // readRun reads blocks no frame held with NVMe Read, into p.
-func (n *Namespace) readRun(ctx context.Context, q *fabric.HostQueue, p []byte, off int64) error {
-	buf, err := n.c.pool.Get(len(p))
+func (n *Namespace) readRun(ctx context.Context, q hostQueue, p []byte, off int64) error {
+	cmd, err := n.readCmd(len(p), off)
 	if err != nil {
-		return fmt.Errorf("initiator: read buffer: %w", err)
-	}
-	defer buf.Release()
-	if err := n.readCommand(ctx, q, buf, 0, len(p), off); err != nil {
 		return err
 	}
-	copy(p, buf.Bytes()[:len(p)])
+	cqe, err := q.Submit(ctx, cmd, p)
+	if err := n.readDone(cqe, err, len(p), off); err != nil {
+		return err
+	}
 	n.c.ctr.fallbackReads.Add(1)
 	n.c.ctr.fallbackPages.Add(uint64(len(p) / BlockSize))
 	return nil

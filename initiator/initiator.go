@@ -1,11 +1,13 @@
-// Package initiator connects to an nprdma target and exposes its namespaces
-// as block devices (Namespace implements initiator/blockio.Backend). Reads go
-// one-sided: an RDMA READ straight out of the target's unpinned region, a
-// scan for the region's magic page, and an NVMe Read for just the pages that
-// were not resident (the NP-RDMA scheme); writes, flushes and trims are NVMe
-// commands. The controller keeps itself alive, reconnects in the background
-// when a queue is lost, and fails I/O with ErrControllerLost once the
-// controller-loss timeout has passed.
+// Package initiator connects to an nprdma target over the nprdma fabric, or
+// to any NVMe/TCP target, and exposes its namespaces as block devices
+// (Namespace implements initiator/blockio.Backend). Over the nprdma fabric
+// reads go one-sided: an RDMA READ straight out of the target's unpinned
+// region, a scan for the region's magic page, and an NVMe Read for just the
+// pages that were not resident (the NP-RDMA scheme); over NVMe/TCP every
+// read is an NVMe Read. Writes, flushes and trims are NVMe commands. The
+// controller keeps itself alive, reconnects in the background when a queue
+// is lost, and fails I/O with ErrControllerLost once the controller-loss
+// timeout has passed, over either transport (transport.go).
 //
 // docs/initiator.md and docs/np-rdma.md describe it in full.
 package initiator
@@ -23,7 +25,6 @@ import (
 
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nvme"
-	"github.com/nprdma/nprdma/nvme/fabric"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -173,9 +174,7 @@ type Controller struct {
 	cfg    config
 	addr   string
 	subNQN string
-	dev    *nprdma.Device
-	pd     *nprdma.PD
-	pool   *nprdma.BufferPool
+	b      binding // the transport's: dials the queues
 	ctr    counters
 	prom   *promMetrics
 
@@ -201,8 +200,8 @@ type Controller struct {
 // session is one incarnation of the controller: what a reconnect replaces.
 type session struct {
 	c        *Controller
-	admin    *fabric.HostQueue
-	io       []*fabric.HostQueue
+	admin    hostQueue
+	io       []hostQueue
 	cntlid   uint16
 	gen      uint64 // the controller's sessions in order of creation
 	ident    nvme.IdentifyController
@@ -222,36 +221,53 @@ type regionInfo struct {
 	hints frameHints // a format 2 descriptor's frames, as last read
 }
 
-// Connect connects to subsystem subNQN of the target at addr with device
-// dev (the caller keeps it and closes it after the controller).
+// Connect connects to subsystem subNQN of the target at addr over the
+// nprdma fabric with device dev (the caller keeps it and closes it after
+// the controller): ConnectOver with NPRDMA(dev).
 func Connect(ctx context.Context, dev *nprdma.Device, addr, subNQN string, opts ...Option) (*Controller, error) {
+	return ConnectOver(ctx, NPRDMA(dev), addr, subNQN, opts...)
+}
+
+// ConnectOver connects to subsystem subNQN of the target at addr over
+// transport t.
+func ConnectOver(ctx context.Context, t Transport, addr, subNQN string, opts ...Option) (*Controller, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	c := &Controller{cfg: cfg, addr: addr, subNQN: subNQN, dev: dev, pd: dev.AllocPD(),
-		changed: make(chan struct{}), lost: make(chan struct{}), stop: make(chan struct{})}
-	if c.pool, err = nprdma.NewBufferPool(c.pd, fabric.HostAccess); err != nil {
-		c.pd.Close()
-		return nil, fmt.Errorf("initiator: %w", err)
+	c, err := newController(t, addr, subNQN, cfg)
+	if err != nil {
+		return nil, err
 	}
 	s, err := c.connect(ctx, nil)
 	if err != nil {
-		c.pool.Close()
-		c.pd.Close()
+		c.b.close()
 		return nil, err
 	}
 	if cfg.reg != nil {
 		if c.prom, err = newPromMetrics(cfg.reg, c); err != nil {
 			s.close(ctx, false)
-			c.pool.Close()
-			c.pd.Close()
+			c.b.close()
 			return nil, fmt.Errorf("initiator: metrics: %w", err)
 		}
 	}
 	c.instance = s.ident.NP
 	c.install(s)
 	return c, nil
+}
+
+// newController binds a controller of subNQN at addr to transport t; the
+// caller connects it.
+func newController(t Transport, addr, subNQN string, cfg config) (*Controller, error) {
+	if t.bind == nil {
+		return nil, fmt.Errorf("initiator: no transport given (NPRDMA or TCP)")
+	}
+	b, err := t.bind(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Controller{cfg: cfg, addr: addr, subNQN: subNQN, b: b,
+		changed: make(chan struct{}), lost: make(chan struct{}), stop: make(chan struct{})}, nil
 }
 
 // HostNQN is the host NQN the controller connects as.
@@ -289,9 +305,6 @@ func (c *Controller) IOQueues() int {
 	}
 	return len(c.sess.io)
 }
-
-// Pool is the registered buffer pool of the controller's data path.
-func (c *Controller) Pool() *nprdma.BufferPool { return c.pool }
 
 // connect brings a new session up: admin queue, Connect, enable, Identify,
 // Number of Queues, I/O queues. replaces is the session it takes over from
@@ -340,7 +353,7 @@ func (c *Controller) connect(ctx context.Context, replaces *session) (*session, 
 	}
 	icd := nvme.ICDLimit(s.ident.IOCCSZ)
 	for qid := 1; qid <= n; qid++ {
-		q, err := c.dialQueue(ctx, fabric.QueueConfig{QID: uint16(qid), Entries: entries, InCapsuleData: icd, CNTLID: s.cntlid})
+		q, err := c.dialQueue(ctx, queueConfig{qid: uint16(qid), entries: entries, icd: icd, cntlid: s.cntlid})
 		if err != nil {
 			return fail(err)
 		}
@@ -352,15 +365,8 @@ func (c *Controller) connect(ctx context.Context, replaces *session) (*session, 
 	return s, nil
 }
 
-func (c *Controller) dialQueue(ctx context.Context, qc fabric.QueueConfig) (*fabric.HostQueue, error) {
-	opts := []fabric.DialOption{fabric.WithPool(c.pool)}
-	if c.cfg.qpTimeout != 0 {
-		opts = append(opts, fabric.WithQPTimeout(c.cfg.qpTimeout))
-	}
-	if c.cfg.busyPoll > 0 {
-		opts = append(opts, fabric.WithCompletionBusyPoll(c.cfg.busyPoll))
-	}
-	q, err := fabric.Dial(ctx, c.pd, c.addr, qc, opts...)
+func (c *Controller) dialQueue(ctx context.Context, qc queueConfig) (hostQueue, error) {
+	q, err := c.b.dial(ctx, c.addr, qc)
 	if err != nil {
 		return nil, fmt.Errorf("initiator: %s at %s: %w", c.subNQN, c.addr, err)
 	}
@@ -368,7 +374,7 @@ func (c *Controller) dialQueue(ctx context.Context, qc fabric.QueueConfig) (*fab
 }
 
 // connectQueue sends Fabrics Connect for I/O queue q of controller cntlid.
-func (c *Controller) connectQueue(ctx context.Context, q *fabric.HostQueue, cntlid uint16) error {
+func (c *Controller) connectQueue(ctx context.Context, q hostQueue, cntlid uint16) error {
 	return connectQueue(ctx, q, c.connectData(c.subNQN, cntlid), 0, nil)
 }
 
@@ -376,7 +382,7 @@ func (c *Controller) connectData(subNQN string, cntlid uint16) nvme.ConnectData 
 	return nvme.ConnectData{HostID: c.cfg.hostID, CNTLID: cntlid, SubNQN: subNQN, HostNQN: c.cfg.hostNQN}
 }
 
-func connectQueue(ctx context.Context, q *fabric.HostQueue, data nvme.ConnectData, kato time.Duration, gotCNTLID *uint16) error {
+func connectQueue(ctx context.Context, q hostQueue, data nvme.ConnectData, kato time.Duration, gotCNTLID *uint16) error {
 	subNQN, hostNQN := data.SubNQN, data.HostNQN
 	raw, err := data.Marshal()
 	if err != nil {
@@ -407,7 +413,7 @@ func connectQueue(ctx context.Context, q *fabric.HostQueue, data nvme.ConnectDat
 // controller and reads Identify Controller. replaces names the controller
 // the new one replaces (zero: none).
 func (c *Controller) connectAdmin(ctx context.Context, subNQN string, kato time.Duration, replaces nvme.NPControllerRef) (*session, error) {
-	q, err := c.dialQueue(ctx, fabric.QueueConfig{QID: 0, Entries: adminEntries, CNTLID: nvme.DynamicControllerID})
+	q, err := c.dialQueue(ctx, queueConfig{qid: 0, entries: adminEntries, cntlid: nvme.DynamicControllerID})
 	if err != nil {
 		return nil, err
 	}
@@ -435,7 +441,7 @@ func (c *Controller) connectAdmin(ctx context.Context, subNQN string, kato time.
 		q.Close()
 		return nil, fmt.Errorf("initiator: %s: Identify says controller %d, Connect said %d", subNQN, s.ident.CNTLID, s.cntlid)
 	}
-	s.maxXfer = fabric.MaxTransfer
+	s.maxXfer = c.b.maxTransfer()
 	if m := s.ident.MaxTransfer(BlockSize); m > 0 && m < int64(s.maxXfer) {
 		s.maxXfer = int(m)
 	}
@@ -514,7 +520,7 @@ func (c *Controller) install(s *session) {
 // supervise keeps s alive and notices its loss: keep-alives every half
 // KATO; any queue failing fails the session.
 func (c *Controller) supervise(s *session) {
-	queues := append([]*fabric.HostQueue{s.admin}, s.io...)
+	queues := append([]hostQueue{s.admin}, s.io...)
 	for _, q := range queues {
 		go func() {
 			select {
@@ -651,7 +657,7 @@ func (c *Controller) reconnect(old *session) {
 		delay = min(2*delay, maxReconnectDelay)
 	}
 	// The causes are text, not wrapped: a lost controller's error must not
-	// match fabric.ErrQueueFailed, which callers retry.
+	// match nvme.ErrQueueFailed, which callers retry.
 	why := fmt.Sprintf("not reconnected within %v", c.cfg.lossTimeout)
 	if errors.Is(lastErr, ErrHostNotAllowed) {
 		why = "the target refused this host on reconnect"
@@ -762,7 +768,7 @@ func (c *Controller) do(ctx context.Context, fn func(s *session) error) error {
 // Retry: a controller being torn down, replaced by this host's reconnect, or
 // fenced after its connection failed — possibly before the host noticed).
 func nextSessionCures(err error) bool {
-	if errors.Is(err, fabric.ErrQueueFailed) {
+	if errors.Is(err, nvme.ErrQueueFailed) {
 		return true
 	}
 	return errors.Is(err, nvme.StatusAbortedSQDeleted) && !nvme.StatusOf(err).DNR()
@@ -820,7 +826,7 @@ func (c *Controller) waitReplaced(ctx context.Context, s *session) {
 }
 
 // ioQueue picks an I/O queue round-robin.
-func (s *session) ioQueue(c *Controller) *fabric.HostQueue {
+func (s *session) ioQueue(c *Controller) hostQueue {
 	return s.io[int(c.rr.Add(1))%len(s.io)]
 }
 
@@ -852,11 +858,7 @@ func (c *Controller) Close() error {
 	if c.prom != nil {
 		c.prom.unregister()
 	}
-	err := c.pool.Close()
-	if perr := c.pd.Close(); err == nil {
-		err = perr
-	}
-	return err
+	return c.b.close()
 }
 
 // NamespaceIDs lists the active namespaces.

@@ -13,7 +13,6 @@ import (
 	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/nvme"
-	"github.com/nprdma/nprdma/nvme/fabric"
 )
 
 // TestCommandGivesUpAfterMaxSessions: a command under which the connection
@@ -22,7 +21,13 @@ import (
 // failure; the controller reconnects and serves later commands. Before, it
 // was retried on every new session for ever.
 func TestCommandGivesUpAfterMaxSessions(t *testing.T) {
-	r := newRig(t, kinds[0], targetSpec{allowAny: true})
+	for _, k := range []fabricKind{kinds[0], nvmeTCPKind} {
+		t.Run(k.name, func(t *testing.T) { commandGivesUpAfterMaxSessions(t, k) })
+	}
+}
+
+func commandGivesUpAfterMaxSessions(t *testing.T, k fabricKind) {
+	r := newRig(t, k, targetSpec{allowAny: true})
 	c := r.connect(t, WithReconnectDelay(10*time.Millisecond))
 	n := namespace(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -35,7 +40,7 @@ func TestCommandGivesUpAfterMaxSessions(t *testing.T) {
 		_, err := q.Submit(ctx, nvme.FlushCommand(n.NSID()), nil)
 		return err
 	})
-	if !errors.Is(err, fabric.ErrQueueFailed) || !strings.Contains(err.Error(), "giving up") || errors.Is(err, context.DeadlineExceeded) {
+	if !errors.Is(err, nvme.ErrQueueFailed) || !strings.Contains(err.Error(), "giving up") || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("command failing on every session: %v", err)
 	}
 	if len(seen) != MaxCommandSessions {
@@ -91,7 +96,7 @@ func TestSQDeletionIsRetriedOnTheNextSession(t *testing.T) {
 // write-zeroes count until a Flush succeeds; FUA writes never do; a Flush
 // that fails (the controller lost) covers nothing.
 func TestUnflushedCountsWhatNoFlushCovered(t *testing.T) {
-	_, tg, _, c := restartable(t, WithIOQueues(1), WithControllerLossTimeout(time.Second), WithQPTimeout(500*time.Millisecond))
+	_, tg, _, _, c := restartable(t, kinds[1], WithIOQueues(1), WithControllerLossTimeout(time.Second), WithQPTimeout(500*time.Millisecond))
 	n := namespace(t, c)
 	if u := n.Unflushed(); u != (Unflushed{}) {
 		t.Fatalf("fresh namespace: %+v unflushed", u)
@@ -136,7 +141,13 @@ func TestUnflushedCountsWhatNoFlushCovered(t *testing.T) {
 // timeout, Lost is closed and Loss says since when and why (the loss
 // timeout, the connection's failure, the last reconnect attempt).
 func TestLostSaysSinceWhenAndWhy(t *testing.T) {
-	_, tg, _, c := restartable(t, WithIOQueues(1), WithControllerLossTimeout(time.Second), WithQPTimeout(500*time.Millisecond),
+	for _, k := range restartKinds {
+		t.Run(k.name, func(t *testing.T) { lostSaysSinceWhenAndWhy(t, k) })
+	}
+}
+
+func lostSaysSinceWhenAndWhy(t *testing.T, k fabricKind) {
+	_, tg, _, _, c := restartable(t, k, WithIOQueues(1), WithControllerLossTimeout(time.Second), WithQPTimeout(500*time.Millisecond),
 		WithKeepAlive(time.Second))
 	if since, err := c.Loss(); !since.IsZero() || err != nil {
 		t.Fatalf("a live controller reports a loss: %v %v", since, err)
@@ -157,7 +168,7 @@ func TestLostSaysSinceWhenAndWhy(t *testing.T) {
 			t.Errorf("loss error lacks %q: %v", want, err)
 		}
 	}
-	if errors.Is(err, fabric.ErrQueueFailed) {
+	if errors.Is(err, nvme.ErrQueueFailed) {
 		t.Errorf("the loss error matches ErrQueueFailed, which callers retry: %v", err)
 	}
 }
@@ -169,8 +180,14 @@ func TestLostSaysSinceWhenAndWhy(t *testing.T) {
 // the metrics report. A flushed change is never counted, and a later Flush
 // on the new process does not undo the count.
 func TestTargetRestartSettlesUnflushedChanges(t *testing.T) {
+	for _, k := range restartKinds {
+		t.Run(k.name, func(t *testing.T) { targetRestartSettlesUnflushedChanges(t, k) })
+	}
+}
+
+func targetRestartSettlesUnflushedChanges(t *testing.T, k fabricKind) {
 	reg := prometheus.NewRegistry()
-	spec, tg, _, c := restartable(t, WithIOQueues(1), WithMetrics(reg))
+	spec, tg, _, _, c := restartable(t, k, WithIOQueues(1), WithMetrics(reg))
 	ctx := context.Background()
 	n := namespace(t, c)
 	buf := make([]byte, 2*BlockSize)

@@ -52,10 +52,10 @@ func TestMeasureReadPaths(t *testing.T) {
 		return lat
 	}
 	c.mu.Lock()
-	q := c.sess.io[0]
+	q := c.sess.io[0].(remoteReader)
 	desc := c.sess.regions[1].desc
 	c.mu.Unlock()
-	pb, _ := c.pool.Get(BlockSize)
+	pb, _ := c.b.remote().pool.Get(BlockSize)
 	raw := measure("bare RDMA READ", func() {
 		if err := q.ReadRemote(context.Background(), pb, 0, BlockSize, desc.Address+uint64(pick()), desc.RKey); err != nil {
 			t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"github.com/nprdma/nprdma/initiator/blockio"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nvme"
-	"github.com/nprdma/nprdma/nvme/fabric"
 )
 
 // Namespace is a namespace of a connected controller, usable as a block
@@ -372,6 +371,9 @@ func (n *Namespace) Change() (since time.Time, err error) {
 // region returns the namespace's region descriptor in session s, fetching
 // it on first use (nil: no one-sided reads for this namespace).
 func (s *session) region(ctx context.Context, nsid uint32) (*nvme.RegionDescriptor, error) {
+	if s.c.b.remote() == nil {
+		return nil, nil // a transport without one-sided reads: nothing to ask for
+	}
 	s.mu.Lock()
 	ri := s.regions[nsid]
 	s.mu.Unlock()
@@ -469,8 +471,10 @@ func (n *Namespace) ReadAtContext(ctx context.Context, p []byte, off int64) (int
 	return done, nil
 }
 
-// readChunk reads one transfer: READ into a pool buffer, find the magic
-// pages, re-read those with NVMe Read into the same buffer, copy out.
+// readChunk reads one transfer. With a region descriptor on a transport
+// that reads one-sided: READ into a pool buffer, find the magic pages,
+// re-read those with NVMe Read into the same buffer, copy out. Otherwise
+// one NVMe Read.
 func (n *Namespace) readChunk(ctx context.Context, s *session, p []byte, off int64) error {
 	c := n.c
 	start := time.Now()
@@ -479,28 +483,34 @@ func (n *Namespace) readChunk(ctx context.Context, s *session, p []byte, off int
 	if err != nil {
 		return err
 	}
-	if desc != nil && c.cfg.oneSided && desc.Format == nvme.RegionDescriptorFormat2 {
+	rq, oneSided := q.(remoteReader)
+	rr := c.b.remote()
+	if desc != nil && c.cfg.oneSided && oneSided && rr != nil && desc.Format == nvme.RegionDescriptorFormat2 {
 		s.mu.Lock()
 		ri := s.regions[n.nsid]
 		s.mu.Unlock()
-		return n.readFrames(ctx, s, q, ri, p, off, start)
+		return n.readFrames(ctx, q, rq, rr, ri, p, off, start)
 	}
-	buf, err := c.pool.Get(len(p))
-	if err != nil {
-		return fmt.Errorf("initiator: read buffer: %w", err)
-	}
-	defer buf.Release()
-	if desc == nil || !c.cfg.oneSided {
-		if err := n.readCommand(ctx, q, buf, 0, len(p), off); err != nil {
+	if desc == nil || !c.cfg.oneSided || !oneSided || rr == nil {
+		cmd, err := n.readCmd(len(p), off)
+		if err != nil {
 			return err
 		}
-		copy(p, buf.Bytes()[:len(p)])
+		cqe, err := q.Submit(ctx, cmd, p)
+		if err := n.readDone(cqe, err, len(p), off); err != nil {
+			return err
+		}
 		c.ctr.twoSidedReads.Add(1)
 		c.observeRead(pathTwoSided, time.Since(start))
 		return nil
 	}
+	buf, err := rr.pool.Get(len(p))
+	if err != nil {
+		return fmt.Errorf("initiator: read buffer: %w", err)
+	}
+	defer buf.Release()
 	raddr := desc.Address + uint64(off)
-	if err := q.ReadRemote(ctx, buf, 0, len(p), raddr, desc.RKey); err != nil {
+	if err := rq.ReadRemote(ctx, buf, 0, len(p), raddr, desc.RKey); err != nil {
 		return err
 	}
 	data := buf.Bytes()[:len(p)]
@@ -510,7 +520,7 @@ func (n *Namespace) readChunk(ctx context.Context, s *session, p []byte, off int
 	c.ctr.oneSidedBytes.Add(uint64(len(p)))
 	var suspects []nprdma.PageRange
 	if desc.Flags&nvme.RegionUnpinned != 0 {
-		suspects = c.dev.FindMagicPages(data, raddr, desc.Address, int(desc.PageSize), desc.Magic)
+		suspects = rr.dev.FindMagicPages(data, raddr, desc.Address, int(desc.PageSize), desc.Magic)
 	}
 	if len(suspects) == 0 {
 		c.ctr.readsOneSided.Add(1)
@@ -520,7 +530,12 @@ func (n *Namespace) readChunk(ctx context.Context, s *session, p []byte, off int
 	}
 	for _, r := range suspects {
 		c.ctr.suspectedPages.Add(uint64(r.Len / BlockSize))
-		if err := n.readCommand(ctx, q, buf, r.Off, r.Len, off+int64(r.Off)); err != nil {
+		cmd, err := n.readCmd(r.Len, off+int64(r.Off))
+		if err != nil {
+			return err
+		}
+		cqe, err := rq.SubmitBuffer(ctx, cmd, buf, r.Off, r.Len)
+		if err := n.readDone(cqe, err, r.Len, off+int64(r.Off)); err != nil {
 			return err
 		}
 		c.ctr.fallbackReads.Add(1)
@@ -552,14 +567,14 @@ func isMagicPage(pg []byte, magic uint64) bool {
 	return true
 }
 
-// readCommand reads n bytes at off with NVMe Read commands into buf at
-// bufOff; the completion reports the faults the target resolved.
-func (n *Namespace) readCommand(ctx context.Context, q *fabric.HostQueue, buf *nprdma.Buffer, bufOff, length int, off int64) error {
-	cmd, err := nvme.ReadCommand(n.nsid, uint64(off)/BlockSize, uint32(length/BlockSize), 0, nvme.NullSGL())
-	if err != nil {
-		return err
-	}
-	cqe, err := q.SubmitBuffer(ctx, cmd, buf, bufOff, length)
+// readCmd is the NVMe Read of length bytes at off.
+func (n *Namespace) readCmd(length int, off int64) (nvme.Command, error) {
+	return nvme.ReadCommand(n.nsid, uint64(off)/BlockSize, uint32(length/BlockSize), 0, nvme.NullSGL())
+}
+
+// readDone takes the outcome of an NVMe Read of length bytes at off: its
+// completion reports the faults the target resolved.
+func (n *Namespace) readDone(cqe nvme.Completion, err error, length int, off int64) error {
 	if err != nil {
 		return fmt.Errorf("initiator: read namespace %d [%d, +%d): %w", n.nsid, off, length, err)
 	}

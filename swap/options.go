@@ -56,6 +56,7 @@ type config struct {
 	zeroScan         bool
 	reclaimTimeout   time.Duration
 	adviseQueue      int
+	shareable        bool
 }
 
 func defaultConfig() config {
@@ -125,3 +126,11 @@ func WithZeroScan(on bool) Option { return func(c *config) { c.zeroScan = on } }
 // page can be evicted (everything dirty and writeback failing, or all pages
 // busy) before it fails with ErrNoMemory (default 10 s).
 func WithReclaimTimeout(d time.Duration) Option { return func(c *config) { c.reclaimTimeout = d } }
+
+// WithShareable keeps the region's memory, its page state table and an
+// access map in memory files that another process on the host may map and
+// read in place under the seqlock (ShareFiles; nprdma/shm does), instead
+// of anonymous memory (default off). A page is then released by punching a
+// hole in the memory file, one system call per run of pages, and Close
+// truncates the file, so a peer's mapping holds no memory afterwards.
+func WithShareable() Option { return func(c *config) { c.shareable = true } }

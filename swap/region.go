@@ -80,6 +80,7 @@ type Region struct {
 	adviseQ    chan span
 	notify     *os.File // eventfd the fault threads signal after a fill
 	notifyDone chan struct{}
+	shared     sharedFiles // WithShareable
 }
 
 type span struct{ off, length int64 }
@@ -190,6 +191,15 @@ func New(dev blockdev.Device, opts ...Option) (*Region, error) {
 	if haveFd {
 		backingFd = int(fd)
 	}
+	if cfg.shareable {
+		if err := r.shared.open(npages); err != nil {
+			r.shared.close()
+			if r.notify != nil {
+				r.notify.Close()
+			}
+			return fail(fmt.Errorf("shareable memory: %w", err))
+		}
+	}
 	c, err := newCRegion(cRegionConfig{
 		size:      size,
 		uffd:      cfg.uffd,
@@ -198,8 +208,11 @@ func New(dev blockdev.Device, opts ...Option) (*Region, error) {
 		queueCap:  int(min(max(budget, 4096), 1<<20)),
 		holes:     holes,
 		notifyFd:  notifyFd,
+		dataFd:    fileFD(r.shared.data),
+		statesFd:  fileFD(r.shared.states),
 	})
 	if err != nil {
+		r.shared.close()
 		if r.notify != nil {
 			r.notify.Close()
 		}
@@ -356,6 +369,7 @@ func (r *Region) Close() error {
 	r.closeMu.Lock()
 	r.c.destroy()
 	r.c = nil
+	r.shared.close()
 	r.closeMu.Unlock()
 	if r.notify != nil {
 		r.notify.Close()

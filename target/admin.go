@@ -2,7 +2,6 @@ package target
 
 import (
 	"github.com/nprdma/nprdma/nvme"
-	"github.com/nprdma/nprdma/nvme/fabric"
 )
 
 // Identity of the controllers this target presents.
@@ -17,8 +16,8 @@ const (
 const supportedAEC nvme.AsyncEventConfig = 0
 
 // admin executes an admin command of a connected controller.
-func (c *controller) admin(r *fabric.Request) result {
-	cmd := &r.Cmd
+func (c *controller) admin(r Request) result {
+	cmd := r.Command()
 	if cmd.IsFabrics() {
 		switch cmd.FabricsType() {
 		case nvme.FabricsPropertyGet:
@@ -62,7 +61,8 @@ func (c *controller) admin(r *fabric.Request) result {
 	case nvme.AdminAbort:
 		return result{dw0: 1} // not aborted (as nvmet)
 	case nvme.AdminNPGetRegionDescriptor:
-		if c.discovery() {
+		if c.discovery() || !c.port.oneSided {
+			// Over NVMe/TCP: no one-sided reads; hosts read two-sided.
 			return result{err: nvme.InvalidOpcode(cmd, true)}
 		}
 		return c.regionDescriptor(r)
@@ -146,8 +146,8 @@ func (c *controller) propertySet(cmd *nvme.Command) result {
 	return result{}
 }
 
-func (c *controller) identify(r *fabric.Request) result {
-	cmd := &r.Cmd
+func (c *controller) identify(r Request) result {
+	cmd := r.Command()
 	p := cmd.Identify()
 	if err := cmd.CheckTransfer(nvme.IdentifySize, uint64(c.t.cfg.maxTransfer)); err != nil {
 		return result{err: err}
@@ -208,8 +208,8 @@ func (c *controller) identifyController() *nvme.IdentifyController {
 		MDTS: mdts, CNTRLTYPE: nvme.ControllerTypeIO, ACL: 3, AERL: maxAERs - 1, FRMW: 0x3,
 		LPA: nvme.LPACommandEffects | nvme.LPAExtendedData, KAS: 10,
 		SQES: nvme.SQESFabrics, CQES: nvme.CQESFabrics, MAXCMD: uint16(t.cfg.queueDepth),
-		SGLS:   nvme.SGLSSupported | nvme.SGLSKeyedDataBlock | nvme.SGLSOffset,
-		IOCCSZ: nvme.IOCCSZFor(t.cfg.icd), IORCSZ: 1, MSDBD: 1,
+		SGLS:   c.port.sgls,
+		IOCCSZ: nvme.IOCCSZFor(c.port.icd), IORCSZ: 1, MSDBD: 1,
 		CMIC: nvme.CMICMultiController,
 		PSD0: nvme.PowerStateDescriptor{MP: 2500},
 		NP:   t.instance,
@@ -252,8 +252,8 @@ func identifyNamespace(n *Namespace) *nvme.IdentifyNamespace {
 	return ns
 }
 
-func (c *controller) getLogPage(r *fabric.Request) result {
-	cmd := &r.Cmd
+func (c *controller) getLogPage(r Request) result {
+	cmd := r.Command()
 	p := cmd.GetLogPage()
 	length := p.Length()
 	if err := cmd.CheckTransfer(length, uint64(c.t.cfg.maxTransfer)); err != nil {
@@ -282,7 +282,7 @@ func (c *controller) getLogPage(r *fabric.Request) result {
 		}
 		log = b
 	case p.LID == nvme.LogCommandEffects:
-		log = commandEffects().Marshal()
+		log = commandEffects(c.port.oneSided).Marshal()
 	default:
 		return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(), "log page %#x not supported", uint8(p.LID))}
 	}
@@ -296,11 +296,16 @@ func (c *controller) getLogPage(r *fabric.Request) result {
 	return result{}
 }
 
-func commandEffects() *nvme.CommandEffectsLog {
+// commandEffects lists the commands supported, NP Get Region Descriptor
+// only where regions are exported (oneSided).
+func commandEffects(oneSided bool) *nvme.CommandEffectsLog {
 	l := &nvme.CommandEffectsLog{}
 	for _, op := range []nvme.Opcode{nvme.AdminGetLogPage, nvme.AdminIdentify, nvme.AdminAbort, nvme.AdminSetFeatures,
-		nvme.AdminGetFeatures, nvme.AdminAsyncEventRequest, nvme.AdminKeepAlive, nvme.AdminNPGetRegionDescriptor} {
+		nvme.AdminGetFeatures, nvme.AdminAsyncEventRequest, nvme.AdminKeepAlive} {
 		l.Admin[op] = nvme.EffectSupported
+	}
+	if oneSided {
+		l.Admin[nvme.AdminNPGetRegionDescriptor] = nvme.EffectSupported
 	}
 	for _, op := range []nvme.Opcode{nvme.IOFlush, nvme.IORead, nvme.IONPAdvise} {
 		l.IO[op] = nvme.EffectSupported
@@ -387,8 +392,8 @@ func (c *controller) getFeatures(cmd *nvme.Command) result {
 
 // regionDescriptor answers NP Get Region Descriptor: where the namespace
 // lives in this controller's registration of its region.
-func (c *controller) regionDescriptor(r *fabric.Request) result {
-	cmd := &r.Cmd
+func (c *controller) regionDescriptor(r Request) result {
+	cmd := r.Command()
 	if err := cmd.CheckNPGetRegionDescriptor(); err != nil {
 		return result{err: err}
 	}
@@ -448,24 +453,23 @@ func (c *controller) regionDescriptor(r *fabric.Request) result {
 	return result{}
 }
 
-// discoveryLog lists the subsystems this controller's host may access.
+// discoveryLog lists, for each subsystem this controller's host may access,
+// the I/O ports of the transport the host reached the discovery controller
+// over: a host that discovers over NVMe/TCP is pointed at NVMe/TCP ports,
+// one over the nprdma fabric at every fabric port (shared-memory ones
+// included, for hosts on this machine).
 func (c *controller) discoveryLog() ([]byte, error) {
 	t := c.t
-	host, port := splitHostPort(t.Addr())
-	trtype, adrfam := nvme.TransportRDMA, nvme.AddressIPv4
-	if p := t.dev.Provider(); p != nil && p.Name() == "loop" {
-		trtype, adrfam = nvme.TransportLoop, nvme.AddressIntraHost
-	}
 	l := nvme.DiscoveryLog{GenCtr: t.genCtr.Load()}
-	for i, s := range t.Subsystems() {
-		if !s.Allows(c.hostNQN) {
-			continue
+	for _, p := range t.ioPorts(c.port.transport) {
+		for _, s := range t.Subsystems() {
+			if !s.Allows(c.hostNQN) {
+				continue
+			}
+			e := p.entry
+			e.SUBTYPE, e.SubNQN = nvme.SubtypeNVM, s.nqn
+			l.Entries = append(l.Entries, e)
 		}
-		l.Entries = append(l.Entries, nvme.DiscoveryLogEntry{
-			TRTYPE: trtype, ADRFAM: adrfam, SUBTYPE: nvme.SubtypeNVM, TREQ: nvme.TREQSecureChannelNotRequired,
-			PORTID: uint16(i + 1), CNTLID: nvme.DynamicControllerID, ASQSZ: fabric.DefaultAdminQueueEntries,
-			TRSVCID: port, SubNQN: s.nqn, TRADDR: host, TSAS: nvme.RDMATSAS(),
-		})
 	}
 	return l.Marshal()
 }

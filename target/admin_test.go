@@ -39,13 +39,13 @@ func newAdminRig(t testing.TB) *adminRig {
 
 // newRig starts a target on provider tp listening at listen, with one
 // subsystem holding an 8 MiB namespace 3 (its backing wrapped by wrap, if
-// not nil), and a host device on hp.
-func newRig(t testing.TB, tp, hp nprdma.Provider, listen string, wrap func(blockdev.Device) blockdev.Device) *adminRig {
+// not nil), and a host device on hp; opts come after the rig's own.
+func newRig(t testing.TB, tp, hp nprdma.Provider, listen string, wrap func(blockdev.Device) blockdev.Device, opts ...target.Option) *adminRig {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	tg, err := target.New(target.WithProvider(tp), target.WithListen(listen),
+	tg, err := target.New(append([]target.Option{target.WithProvider(tp), target.WithListen(listen),
 		target.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), target.WithMetrics(reg),
-		target.WithMaxIOQueues(4), target.WithDataDir(filepath.Join(t.TempDir(), "meta")))
+		target.WithMaxIOQueues(4), target.WithDataDir(filepath.Join(t.TempDir(), "meta"))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

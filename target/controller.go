@@ -9,23 +9,23 @@ import (
 
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nvme"
-	"github.com/nprdma/nprdma/nvme/fabric"
 )
 
 // connectDataTimeout bounds the RDMA READ of Connect's data.
 const connectDataTimeout = 10 * time.Second
 
-// queueConn is a queue accepted by the listener; Connect binds it to a
-// controller.
+// queueConn is a queue accepted on one of the target's ports; Connect binds
+// it to a controller.
 type queueConn struct {
 	t     *Target
-	q     *fabric.ControllerQueue
+	q     Queue
+	port  *port
 	admin bool
 	ctrl  atomic.Pointer[controller]
 
 	// The queue's workers (see handle). idle counts the workers parked on
 	// work or about to be, less the commands waiting in work.
-	work chan *fabric.Request
+	work chan Request
 	idle atomic.Int64
 
 	// Fencing (fence.go): fenced is set once the queue has failed;
@@ -36,17 +36,17 @@ type queueConn struct {
 	workers   []*worker // guarded by wmu
 }
 
-func newQueueConn(t *Target, q *fabric.ControllerQueue) *queueConn {
-	return &queueConn{t: t, q: q, admin: q.QID() == 0, work: make(chan *fabric.Request, q.Entries())}
+func newQueueConn(t *Target, q Queue, p *port) *queueConn {
+	return &queueConn{t: t, q: q, port: p, admin: q.QID() == 0, work: make(chan Request, q.Entries())}
 }
 
-// watch fences the queue as soon as its queue pair is down (the host may
+// watch fences the queue as soon as its connection is lost (the host may
 // retry its commands from then on), forgets it once it is gone and, for an
 // admin queue, tears its controller down: the host lost the controller with
 // it.
 func (qc *queueConn) watch() {
 	select {
-	case <-qc.q.QP().Done():
+	case <-qc.q.Lost():
 	case <-qc.q.Done():
 	}
 	qc.fence()
@@ -64,6 +64,14 @@ func (qc *queueConn) watch() {
 		} else {
 			c.dropIOQueue(qc)
 		}
+	}
+}
+
+// setAccessTag tags the queue with its controller's access tag, on a
+// binding that lets hosts read regions one-sidedly.
+func (qc *queueConn) setAccessTag(tag uint64) {
+	if e, ok := qc.q.(RegionExporter); ok {
+		e.SetAccessTag(tag)
 	}
 }
 
@@ -86,7 +94,7 @@ const maxIdleWorkers = 16
 // depth (a command holds its receive buffer until it completes), and idle
 // ones stay parked (up to maxIdleWorkers) until the queue goes: a goroutine
 // per command cost an allocation and a start each.
-func (qc *queueConn) handle(r *fabric.Request) {
+func (qc *queueConn) handle(r Request) {
 	t := qc.t
 	// Counted in flight under the drain lock, so that Shutdown's wait
 	// either counts this command or it sees the drain: none slips past the
@@ -111,7 +119,7 @@ func (qc *queueConn) handle(r *fabric.Request) {
 
 // worker runs r, then the commands handed to it, until the queue is gone
 // or enough others are idle.
-func (qc *queueConn) worker(r *fabric.Request) {
+func (qc *queueConn) worker(r Request) {
 	w := qc.addWorker()
 	defer qc.removeWorker(w)
 	for {
@@ -140,7 +148,7 @@ func (qc *queueConn) worker(r *fabric.Request) {
 // goes out: the host's next command, which may follow it at once, then
 // finds it (so that a queue at depth 1 keeps one worker) and waits for it
 // only as long as posting the completion takes.
-func (qc *queueConn) run(w *worker, r *fabric.Request) {
+func (qc *queueConn) run(w *worker, r Request) {
 	t := qc.t
 	defer t.inflight.Done()
 	start := time.Now()
@@ -160,8 +168,8 @@ func (qc *queueConn) run(w *worker, r *fabric.Request) {
 }
 
 // execute runs one command and returns its metric name and outcome.
-func (qc *queueConn) execute(w *worker, r *fabric.Request) (string, result) {
-	cmd := &r.Cmd
+func (qc *queueConn) execute(w *worker, r Request) (string, result) {
+	cmd := r.Command()
 	name := cmd.Name(qc.admin)
 	c := qc.ctrl.Load()
 	if c == nil {
@@ -208,6 +216,7 @@ type controller struct {
 	tag       uint64 // access tag of its queue pairs and region MRs
 	token     uint64 // names it for its host (nvme.NPControllerRef); never 0
 	adminConn *queueConn
+	port      *port // the port of its admin queue: its I/O queues use the same transport
 	// frameReader: the host read a namespace's frame table, so its Reads
 	// fill the frames (frames.go).
 	frameReader atomic.Bool
@@ -220,7 +229,7 @@ type controller struct {
 	ioGrant  int // I/O queues granted (Number of Queues)
 	ioQueues map[uint16]*queueConn
 	mrs      map[uint32]*nprdma.MR
-	aers     []*fabric.Request
+	aers     []Request
 	aec      uint32
 	vwc      bool
 	gone     bool
@@ -236,9 +245,9 @@ func (c *controller) subNQN() string {
 func (c *controller) discovery() bool { return c.sub == nil }
 
 // connect executes Fabrics Connect on an unconnected queue.
-func (qc *queueConn) connect(r *fabric.Request) result {
+func (qc *queueConn) connect(r Request) result {
 	t := qc.t
-	p := r.Cmd.Connect()
+	p := r.Command().Connect()
 	raw, err := r.HostData(connectDataTimeout)
 	if err != nil {
 		return result{err: err}
@@ -260,8 +269,8 @@ func (qc *queueConn) connect(r *fabric.Request) result {
 	}
 	var sub *Subsystem
 	if d.SubNQN != nvme.DiscoveryNQN {
-		if sub = t.Subsystem(d.SubNQN); sub == nil {
-			return result{err: nvme.ConnectInvalidParameter(true, nvme.ConnectDataOffsetSubNQN, "subsystem %q unknown", d.SubNQN)}
+		if sub = t.Subsystem(d.SubNQN); sub == nil || qc.port.discoveryOnly {
+			return result{err: nvme.ConnectInvalidParameter(true, nvme.ConnectDataOffsetSubNQN, "subsystem %q unknown on this port", d.SubNQN)}
 		}
 		if !sub.Allows(d.HostNQN) {
 			t.log.Warn("target: host refused: not on the subsystem's allow-list", "host", d.HostNQN, "subsystem", sub.nqn, "from", qc.q.RemoteAddr())
@@ -286,7 +295,7 @@ func (qc *queueConn) connectAdmin(p nvme.ConnectParams, d nvme.ConnectData, sub 
 	if kato > t.cfg.maxKATO {
 		kato = t.cfg.maxKATO
 	}
-	c := &controller{t: t, sub: sub, hostNQN: d.HostNQN, hostID: d.HostID, adminConn: qc, kato: kato,
+	c := &controller{t: t, sub: sub, hostNQN: d.HostNQN, hostID: d.HostID, adminConn: qc, port: qc.port, kato: kato,
 		ioQueues: map[uint16]*queueConn{}, mrs: map[uint32]*nprdma.MR{}, vwc: true,
 		tag: t.tags.Add(1), token: rand.Uint64() | 1}
 	if sub != nil {
@@ -302,7 +311,7 @@ func (qc *queueConn) connectAdmin(p nvme.ConnectParams, d nvme.ConnectData, sub 
 		t.replace(c, d.Replaces)
 		t.fenceLost(sub, d.HostNQN)
 	}
-	qc.q.QP().SetAccessTag(c.tag)
+	qc.setAccessTag(c.tag)
 	qc.ctrl.Store(c)
 	c.mu.Lock()
 	c.armKeepAliveLocked()
@@ -324,8 +333,8 @@ func (qc *queueConn) connectIO(p nvme.ConnectParams, d nvme.ConnectData, sub *Su
 	t.mu.Lock()
 	c := t.ctrls[d.CNTLID]
 	t.mu.Unlock()
-	if c == nil || c.sub != sub || c.hostNQN != d.HostNQN || sub == nil {
-		return result{err: nvme.ConnectInvalidParameter(true, nvme.ConnectDataOffsetCNTLID, "no controller %d of %s for host %s", d.CNTLID, d.SubNQN, d.HostNQN)}
+	if c == nil || c.sub != sub || c.hostNQN != d.HostNQN || sub == nil || c.port.transport != qc.port.transport {
+		return result{err: nvme.ConnectInvalidParameter(true, nvme.ConnectDataOffsetCNTLID, "no controller %d of %s for host %s over %s", d.CNTLID, d.SubNQN, d.HostNQN, qc.port.transport)}
 	}
 	t.fenceLost(sub, d.HostNQN)
 	c.mu.Lock()
@@ -341,7 +350,7 @@ func (qc *queueConn) connectIO(p nvme.ConnectParams, d nvme.ConnectData, sub *Su
 		return result{err: nvme.Errorf(nvme.StatusCommandSequenceError.WithDNR(), "queue %d of controller %d is connected already", p.QID, c.id)}
 	}
 	c.ioQueues[p.QID] = qc
-	qc.q.QP().SetAccessTag(c.tag)
+	qc.setAccessTag(c.tag)
 	qc.ctrl.Store(c)
 	return result{dw0: nvme.ConnectResponse{CNTLID: c.id}.DW0()}
 }

@@ -10,7 +10,7 @@ import (
 
 // Fencing the queues that failed.
 //
-// Once a queue has failed (its queue pair is down, or it was closed) no
+// Once a queue has failed (its connection is lost, or it was closed) no
 // completion of its reaches the host, which takes its commands for lost,
 // retries them on another queue or a new controller, and goes on writing. A
 // command of the failed queue that changed a namespace after that could
@@ -251,8 +251,8 @@ func (c *controller) hold(w *worker, n *Namespace, lo, hi uint64) error {
 	}
 }
 
-// fenceLost fences the I/O queues of host's controllers on sub whose queue
-// pairs are down. Their watchers do it too, but a new controller's commands
+// fenceLost fences the I/O queues of host's controllers on sub whose
+// connections are lost. Their watchers do it too, but a new controller's commands
 // must not overtake a watcher that has not run yet.
 func (t *Target) fenceLost(sub *Subsystem, host string) {
 	for _, c := range t.controllers() {
@@ -267,7 +267,7 @@ func (t *Target) fenceLost(sub *Subsystem, host string) {
 		c.mu.Unlock()
 		for _, q := range qs {
 			select {
-			case <-q.q.QP().Done():
+			case <-q.q.Lost():
 				q.fence()
 			default:
 			}

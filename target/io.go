@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/nvme"
-	"github.com/nprdma/nprdma/nvme/fabric"
 	"github.com/nprdma/nprdma/swap"
 )
 
@@ -15,8 +14,8 @@ const hostDataTimeout = 30 * time.Second
 
 // io executes an I/O command on worker w. Commands that change a namespace
 // do it between w's beginChange and endChange (fence.go).
-func (c *controller) io(w *worker, r *fabric.Request) result {
-	cmd := &r.Cmd
+func (c *controller) io(w *worker, r Request) result {
+	cmd := r.Command()
 	if cmd.IsFabrics() {
 		return result{err: nvme.InvalidOpcode(cmd, false)}
 	}
@@ -117,8 +116,13 @@ func (c *controller) io(w *worker, r *fabric.Request) result {
 		return result{}
 	case nvme.IODatasetManagement:
 		p := cmd.DatasetManagement()
-		if err := cmd.CheckTransfer(p.DataLength(), maxT); err != nil {
-			return result{err: err}
+		// The data may be longer than the ranges: Linux sends its whole
+		// 4 KiB range buffer (256 ranges) whatever NR says, and nvmet
+		// accepts an SGL at least as long as the ranges.
+		if n := uint64(cmd.DPTR.Length()); n < p.DataLength() {
+			return result{err: nvme.Errorf(nvme.StatusDataSGLLengthInvalid.WithDNR(), "SGL describes %d bytes, %d ranges need %d", n, p.Ranges(), p.DataLength())}
+		} else if n > maxT {
+			return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(), "transfer of %d bytes exceeds the controller's limit of %d", n, maxT)}
 		}
 		data, err := r.HostData(hostDataTimeout)
 		if err != nil {

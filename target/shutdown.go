@@ -81,13 +81,15 @@ func (t *Target) beginStop() bool {
 // drain context it waits for the commands executing until that is done;
 // graceful says whether a clean shutdown may be recorded after serving.
 func (t *Target) stop(rep *stopReport, drain context.Context, graceful bool) {
-	rep.setStep("closing the listener")
+	rep.setStep("closing the listeners")
 	t.mu.Lock()
-	ln := t.ln
+	ports := t.ports
 	t.mu.Unlock()
-	if ln != nil {
-		ln.Close()
-		t.acceptCtx()
+	for _, p := range ports {
+		p.ln.Close()
+	}
+	if t.stopAccept != nil {
+		t.stopAccept()
 		t.acceptWG.Wait()
 	}
 	if drain != nil {
@@ -114,8 +116,10 @@ func (t *Target) stop(rep *stopReport, drain context.Context, graceful bool) {
 		qc.q.Wait()
 	}
 	t.retiring.Wait()
-	if ln != nil {
-		ln.ClosePool()
+	for _, p := range ports {
+		if p.release != nil {
+			p.release()
+		}
 	}
 	t.pool.Close()
 	if t.pins != nil {

@@ -407,6 +407,9 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		return n, nil
 	}
 	opts := []swap.Option{swap.WithSize(size), swap.WithLogger(t.log)}
+	if t.cfg.sharesMemory() {
+		opts = append(opts, swap.WithShareable())
+	}
 	budget, frameMem := cfg.Budget, int64(0)
 	if t.usesFrames() {
 		if budget <= 0 {

@@ -15,11 +15,13 @@ import (
 	"math/rand/v2"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
@@ -59,7 +61,9 @@ type config struct {
 	device         *nprdma.Device
 	frameMode      FrameMode
 	frameShare     float64
-	listen         string
+	listen         []string
+	listenTCP      string
+	listenTCPDisc  string
 	dataDir        string
 	reg            prometheus.Registerer
 	log            *slog.Logger
@@ -97,8 +101,26 @@ func WithFrames(m FrameMode) Option { return func(c *config) { c.frameMode = m }
 // (default DefaultFrameShare).
 func WithFrameShare(f float64) Option { return func(c *config) { c.frameShare = f } }
 
-// WithListen sets the address hosts connect to (default DefaultListen).
-func WithListen(addr string) Option { return func(c *config) { c.listen = addr } }
+// WithListen sets the addresses hosts connect to over the nprdma fabric
+// (default DefaultListen); Addr is the first. An address "unix:PATH"
+// (shm.Scheme) accepts initiators on this host over shared memory
+// (nprdma/shm) on the unix socket PATH, whatever the provider of the
+// others, and makes the namespaces' regions shareable, so that those
+// initiators read them in place.
+func WithListen(addrs ...string) Option { return func(c *config) { c.listen = addrs } }
+
+// WithListenNVMeTCP also serves the subsystems to NVMe/TCP hosts (a stock
+// Linux host's `nvme connect -t tcp`) at addr, host:port (default "": not
+// served). Its port answers the discovery NQN too. Reads over NVMe/TCP are
+// two-sided, through the namespaces' regions like every command.
+func WithListenNVMeTCP(addr string) Option { return func(c *config) { c.listenTCP = addr } }
+
+// WithListenNVMeTCPDiscovery serves an NVMe/TCP discovery controller, and
+// nothing else, at addr (default "": not served; 8009 is the port hosts try
+// by convention). Its discovery log points at the WithListenNVMeTCP port.
+func WithListenNVMeTCPDiscovery(addr string) Option {
+	return func(c *config) { c.listenTCPDisc = addr }
+}
 
 // WithDataDir keeps the durable metadata (namespace identity, host lists,
 // the clean-shutdown marker) in a badger store in dir. Without it identities
@@ -189,18 +211,19 @@ type Target struct {
 	instance nvme.NPInstance // what hosts see of this process (Identify Controller)
 	accepted atomic.Bool     // a connection was accepted: this run may have changed data
 
-	mu        sync.Mutex
-	subs      map[string]*Subsystem
-	ctrls     map[uint16]*controller
-	nextCNTL  uint16
-	queues    map[*queueConn]struct{}
-	ln        *fabric.Listener
-	started   bool
-	stopping  bool // Shutdown or Close began
-	closed    bool // the connections are closed
-	acceptCtx context.CancelFunc
-	acceptWG  sync.WaitGroup
-	retiring  sync.WaitGroup // replaced controllers finishing their teardown
+	mu         sync.Mutex
+	subs       map[string]*Subsystem
+	ctrls      map[uint16]*controller
+	nextCNTL   uint16
+	queues     map[*queueConn]struct{}
+	ports      []*port // the nprdma fabric's first
+	started    bool
+	stopping   bool // Shutdown or Close began
+	closed     bool // the connections are closed
+	acceptCtx  context.Context
+	stopAccept context.CancelFunc
+	acceptWG   sync.WaitGroup
+	retiring   sync.WaitGroup // replaced controllers finishing their teardown
 
 	draining atomic.Bool
 	drainMu  sync.RWMutex   // orders draining against inflight.Add (handle)
@@ -212,7 +235,7 @@ type Target struct {
 // New creates a target. Add subsystems and namespaces, then Start it.
 func New(opts ...Option) (*Target, error) {
 	cfg := config{
-		listen:         DefaultListen,
+		listen:         []string{DefaultListen},
 		log:            slog.Default(),
 		maxKATO:        DefaultMaxKeepAlive,
 		maxControllers: DefaultMaxControllers,
@@ -231,6 +254,17 @@ func New(opts ...Option) (*Target, error) {
 	}
 	if cfg.provider == nil {
 		cfg.provider = tcp.New()
+	}
+	if len(cfg.listen) == 0 {
+		return nil, fmt.Errorf("target: no listen address")
+	}
+	if cfg.sharesMemory() {
+		if cfg.device != nil {
+			return nil, fmt.Errorf("target: shared-memory listeners (%s) need the software NIC, not device %s", shm.Scheme, cfg.device.Name())
+		}
+		if _, ok := cfg.provider.(*shm.Provider); !ok {
+			cfg.provider = nprdma.NewSchemes(cfg.provider, map[string]nprdma.Provider{strings.TrimSuffix(shm.Scheme, ":"): shm.New()})
+		}
 	}
 	if cfg.maxTransfer < 2*BlockSize || cfg.maxTransfer > fabric.MaxTransfer {
 		return nil, fmt.Errorf("target: max transfer %d outside [%d, %d]", cfg.maxTransfer, 2*BlockSize, fabric.MaxTransfer)
@@ -296,6 +330,17 @@ func New(opts ...Option) (*Target, error) {
 	return t, nil
 }
 
+// sharesMemory reports whether some listen address is a shared-memory one:
+// the namespaces' regions are then made shareable.
+func (c *config) sharesMemory() bool {
+	for _, a := range c.listen {
+		if strings.HasPrefix(a, shm.Scheme) {
+			return true
+		}
+	}
+	return false
+}
+
 // newBootID returns a random, non-zero identifier of this process.
 func newBootID() uint64 {
 	for {
@@ -351,66 +396,88 @@ func (t *Target) Start() error {
 	if t.started || t.stopping {
 		return fmt.Errorf("target: already started or closed")
 	}
-	opts := []fabric.ListenOption{
-		fabric.WithQueueEntries(fabric.DefaultAdminQueueEntries, t.cfg.queueDepth),
-		fabric.WithInCapsuleData(t.cfg.icd),
-		fabric.WithMaxQueueID(t.cfg.maxIOQueues),
-		fabric.WithMaxQueues(t.cfg.maxConnections),
-		fabric.WithDataPool(t.pool),
-		fabric.WithListenLogger(t.log),
+	if t.cfg.listenTCPDisc != "" && t.cfg.listenTCP == "" {
+		return fmt.Errorf("target: an NVMe/TCP discovery port without an NVMe/TCP port to point hosts at")
 	}
-	if t.cfg.qpTimeout != 0 {
-		opts = append(opts, fabric.WithControllerQPTimeout(t.cfg.qpTimeout))
-	}
-	if t.cfg.busyPoll > 0 {
-		opts = append(opts, fabric.WithReceiveBusyPoll(t.cfg.busyPoll))
-	}
-	ln, err := fabric.Listen(t.pd, t.cfg.listen, opts...)
-	if err != nil {
+	ports := make([]*port, 0, len(t.cfg.listen)+2)
+	fail := func(err error) error {
+		for _, p := range ports {
+			p.ln.Close()
+			if p.release != nil {
+				p.release()
+			}
+		}
 		return fmt.Errorf("target: %w", err)
 	}
-	t.ln = ln
+	for _, addr := range t.cfg.listen {
+		p, err := t.listenFabric(addr)
+		if err != nil {
+			return fail(err)
+		}
+		ports = append(ports, p)
+	}
+	for _, l := range []struct {
+		addr string
+		disc bool
+	}{{t.cfg.listenTCP, false}, {t.cfg.listenTCPDisc, true}} {
+		if l.addr == "" {
+			continue
+		}
+		p, err := t.listenTCP(l.addr, l.disc)
+		if err != nil {
+			return fail(err)
+		}
+		ports = append(ports, p)
+	}
 	t.started = true
-	ctx, cancel := context.WithCancel(context.Background())
-	t.acceptCtx = cancel
-	t.acceptWG.Add(1)
-	go t.acceptLoop(ctx)
+	t.acceptCtx, t.stopAccept = context.WithCancel(context.Background())
+	for _, p := range ports {
+		t.addPortLocked(p)
+	}
 	return nil
 }
 
-// Addr is the address hosts connect to (after Start).
+// Addr is the address hosts connect to over the nprdma fabric (after
+// Start): the first listen address.
 func (t *Target) Addr() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.ln == nil {
+	if len(t.ports) == 0 {
 		return ""
 	}
-	return t.ln.Addr()
+	return t.ports[0].ln.Addr()
 }
 
-func (t *Target) acceptLoop(ctx context.Context) {
-	defer t.acceptWG.Done()
-	for {
-		q, err := t.ln.Accept(ctx)
-		if err != nil {
-			return
+// Addrs are all the addresses hosts connect to over the nprdma fabric
+// (after Start), in the order of WithListen.
+func (t *Target) Addrs() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for _, p := range t.ports {
+		if p.transport == "nprdma" {
+			out = append(out, p.ln.Addr())
 		}
-		qc := newQueueConn(t, q)
-		t.accepted.Store(true)
-		t.mu.Lock()
-		if t.closed || t.draining.Load() {
-			t.mu.Unlock()
-			q.Close()
-			continue
-		}
-		t.queues[qc] = struct{}{}
-		t.mu.Unlock()
-		if t.met != nil {
-			t.met.connections.Inc()
-		}
-		q.Start(qc.handle)
-		go qc.watch()
 	}
+	return out
+}
+
+// NVMeTCPAddr is the address of the NVMe/TCP port, "" when not served.
+func (t *Target) NVMeTCPAddr() string { return t.tcpAddr(false) }
+
+// NVMeTCPDiscoveryAddr is the address of the NVMe/TCP discovery port, ""
+// when not served.
+func (t *Target) NVMeTCPDiscoveryAddr() string { return t.tcpAddr(true) }
+
+func (t *Target) tcpAddr(discoveryOnly bool) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range t.ports {
+		if p.transport == "tcp" && p.discoveryOnly == discoveryOnly {
+			return p.ln.Addr()
+		}
+	}
+	return ""
 }
 
 // Subsystems lists the subsystems by NQN.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -128,6 +129,33 @@ type e2eRig struct {
 // onClose registers a teardown step.
 func (r *e2eRig) onClose(f func() error) { r.closers = append(r.closers, f) }
 
+// newE2ERig starts the rig of experiment name: a scratch directory under
+// dir (default env's), removed when the rig closes, and the directory of
+// its raw outputs.
+func newE2ERig(env *bench.Env, name, dir string) (rig *e2eRig, work, rawDir string, err error) {
+	if dir == "" {
+		dir = env.ScratchDir
+	}
+	if work, err = os.MkdirTemp(dir, name+"-"); err != nil {
+		return nil, "", "", fmt.Errorf("%s: %w", name, err)
+	}
+	if rawDir, err = env.Dir(name); err != nil {
+		os.RemoveAll(work)
+		return nil, "", "", err
+	}
+	rig = &e2eRig{}
+	rig.onClose(func() error { return os.RemoveAll(work) })
+	return rig, work, rawDir, nil
+}
+
+// closeInto closes the rig at the end of experiment name; a teardown that
+// fails is the experiment's error unless it has one already.
+func (r *e2eRig) closeInto(name string, err *error) {
+	if cerr := r.close(); cerr != nil && *err == nil {
+		*err = fmt.Errorf("%s: teardown: %w", name, cerr)
+	}
+}
+
 func (r *e2eRig) close() error {
 	var errs []error
 	for i := len(r.closers) - 1; i >= 0; i-- {
@@ -155,24 +183,11 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Dir == "" {
-		cfg.Dir = env.ScratchDir
-	}
-	work, err := os.MkdirTemp(cfg.Dir, "e2e-fio-")
-	if err != nil {
-		return nil, fmt.Errorf("e2e-fio: %w", err)
-	}
-	rawDir, err := env.Dir(E2EName)
+	rig, work, rawDir, err := newE2ERig(env, E2EName, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	rig := &e2eRig{}
-	rig.onClose(func() error { return os.RemoveAll(work) })
-	defer func() {
-		if cerr := rig.close(); cerr != nil && err == nil {
-			err = fmt.Errorf("e2e-fio: teardown: %w", cerr)
-		}
-	}()
+	defer rig.closeInto(E2EName, &err)
 	log := env.Logger()
 	qd := strconv.Itoa(cfg.QD)
 
@@ -253,23 +268,10 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 	// The peers: nbdkit's memory plugin filled with the same data, and its
 	// file plugin on the SSD case's file; each behind an nbd-plugin proxy on
 	// a unix socket for the two-hop chain.
-	mem, err := bench.StartNBDKit(ctx, "memory", []string{"size=" + strconv.FormatInt(cfg.ResidentSize, 10)}, bench.WithLoopbackTCP())
+	mem, memProxy, err := startMemoryPeers(ctx, rig, E2EName, resFile, cfg.ResidentSize)
 	if err != nil {
 		return nil, err
 	}
-	rig.onClose(mem.Stop)
-	nbdcopy, err := bench.FindTool("nbdcopy")
-	if err != nil {
-		return nil, err
-	}
-	if out, err := exec.CommandContext(ctx, nbdcopy, "--flush", resFile, mem.URI).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("e2e-fio: nbdcopy the data into nbdkit memory: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	memProxy, err := bench.StartNBDKitProxy(ctx, mem)
-	if err != nil {
-		return nil, err
-	}
-	rig.onClose(memProxy.Stop)
 	// cache=none: nbdkit drops what it read from the page cache, so that
 	// its SSD case reads the SSD (ours reads the backing with O_DIRECT).
 	file, err := bench.StartNBDKit(ctx, "file", []string{"file=" + ssdFile, "cache=none"}, bench.WithLoopbackTCP(), bench.WithNBDKitFlags("--readonly"))
@@ -334,49 +336,11 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		}
 	}
 
-	results := make([]*e2eResult, len(cases))
-	for i, c := range cases {
-		results[i] = &e2eResult{def: c}
-	}
 	var pl placements
-	fio := bench.Fio{}
 	pinned := len(env.CPUs) > 0
-	var fioVersion string
-	for round := range cfg.Rounds {
-		for _, i := range bench.RoundOrder(len(cases), round) {
-			c := cases[i]
-			log.Info("e2e-fio: measuring", "case", c.key, "round", round+1, "of", cfg.Rounds)
-			var res bench.FioResult
-			err := pl.sampleDuring(c.procs, pinned, func() error {
-				var err error
-				res, err = fio.Run(ctx, c.args(cfg.Runtime, cfg.Ramp)...)
-				return err
-			})
-			if len(res.Raw) > 0 {
-				res.SaveRaw(filepath.Join(rawDir, fmt.Sprintf("fio-%s-r%d.json", c.key, round+1)))
-			}
-			if err != nil {
-				return nil, fmt.Errorf("e2e-fio %s: %w", c.key, err)
-			}
-			fioVersion = res.Version
-			fl := res.Placement
-			fl.Role, fl.Pinned = "fio ("+c.label+")", pinned
-			pl.add(fl)
-			r := results[i]
-			rd := res.GroupRead(0)
-			var wr bench.FioIO
-			for _, j := range res.Jobs {
-				wr = bench.MergeFioIO(wr, j.Write)
-			}
-			if rd.TotalIOs == 0 {
-				return nil, fmt.Errorf("e2e-fio %s: fio completed no reads", c.key)
-			}
-			r.p50 = append(r.p50, bench.Micros(rd.P50))
-			r.p99 = append(r.p99, bench.Micros(rd.P99))
-			r.iops = append(r.iops, rd.IOPS+wr.IOPS)
-			r.fio = append(r.fio, rd)
-			r.longest = max(r.longest, rd.Clat.Max)
-		}
+	results, fioVersion, err := measureCases(ctx, log, E2EName, cases, cfg.Rounds, cfg.Runtime, cfg.Ramp, rawDir, pinned, &pl)
+	if err != nil {
+		return nil, err
 	}
 
 	variants, err := pinVariants(ctx, env, cfg, byKeyOf(results), &pl)
@@ -538,6 +502,90 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		exp.Note("Not pinned: every process could run on either CPU; the placement table shows where each ran.")
 	}
 	return exp, nil
+}
+
+// startMemoryPeers starts nbdkit's memory plugin on loopback TCP, filled
+// with file's size bytes by nbdcopy (the one-hop peer), and nbdkit's nbd
+// plugin in front of it on a unix socket (the two-hop chain); the rig stops
+// both.
+func startMemoryPeers(ctx context.Context, rig *e2eRig, name, file string, size int64) (mem, proxy *bench.NBDKit, err error) {
+	if mem, err = startMemoryPeer(ctx, rig, name, file, size); err != nil {
+		return nil, nil, err
+	}
+	if proxy, err = bench.StartNBDKitProxy(ctx, mem); err != nil {
+		return nil, nil, err
+	}
+	rig.onClose(proxy.Stop)
+	return mem, proxy, nil
+}
+
+// startMemoryPeer starts nbdkit's memory plugin on loopback TCP, filled
+// with file's size bytes by nbdcopy (the one-hop peer); the rig stops it.
+func startMemoryPeer(ctx context.Context, rig *e2eRig, name, file string, size int64) (*bench.NBDKit, error) {
+	mem, err := bench.StartNBDKit(ctx, "memory", []string{"size=" + strconv.FormatInt(size, 10)}, bench.WithLoopbackTCP())
+	if err != nil {
+		return nil, err
+	}
+	rig.onClose(mem.Stop)
+	nbdcopy, err := bench.FindTool("nbdcopy")
+	if err != nil {
+		return nil, err
+	}
+	if out, err := exec.CommandContext(ctx, nbdcopy, "--flush", file, mem.URI).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("%s: nbdcopy the data into nbdkit memory: %w: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	return mem, nil
+}
+
+// measureCases runs fio on every case once per round, in the order of
+// bench.RoundOrder (reversed every other round), sampling where the cases'
+// processes run into pl and keeping fio's JSON in rawDir; it returns the
+// per-round figures of each case and fio's version.
+func measureCases(ctx context.Context, log *slog.Logger, name string, cases []e2eCase, rounds int, runtime, ramp time.Duration,
+	rawDir string, pinned bool, pl *placements) ([]*e2eResult, string, error) {
+	results := make([]*e2eResult, len(cases))
+	for i, c := range cases {
+		results[i] = &e2eResult{def: c}
+	}
+	fio := bench.Fio{}
+	var fioVersion string
+	for round := range rounds {
+		for _, i := range bench.RoundOrder(len(cases), round) {
+			c := cases[i]
+			log.Info(name+": measuring", "case", c.key, "round", round+1, "of", rounds)
+			var res bench.FioResult
+			err := pl.sampleDuring(c.procs, pinned, func() error {
+				var err error
+				res, err = fio.Run(ctx, c.args(runtime, ramp)...)
+				return err
+			})
+			if len(res.Raw) > 0 {
+				res.SaveRaw(filepath.Join(rawDir, fmt.Sprintf("fio-%s-r%d.json", c.key, round+1)))
+			}
+			if err != nil {
+				return nil, "", fmt.Errorf("%s %s: %w", name, c.key, err)
+			}
+			fioVersion = res.Version
+			fl := res.Placement
+			fl.Role, fl.Pinned = "fio ("+c.label+")", pinned
+			pl.add(fl)
+			r := results[i]
+			rd := res.GroupRead(0)
+			var wr bench.FioIO
+			for _, j := range res.Jobs {
+				wr = bench.MergeFioIO(wr, j.Write)
+			}
+			if rd.TotalIOs == 0 {
+				return nil, "", fmt.Errorf("%s %s: fio completed no reads", name, c.key)
+			}
+			r.p50 = append(r.p50, bench.Micros(rd.P50))
+			r.p99 = append(r.p99, bench.Micros(rd.P99))
+			r.iops = append(r.iops, rd.IOPS+wr.IOPS)
+			r.fio = append(r.fio, rd)
+			r.longest = max(r.longest, rd.Clat.Max)
+		}
+	}
+	return results, fioVersion, nil
 }
 
 // waitUnixSocket waits until something accepts connections on path.

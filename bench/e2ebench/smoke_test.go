@@ -158,3 +158,63 @@ func TestE2ESmoke(t *testing.T) {
 		figure(t, exp, "loop device QD1 p50 vs nbdfuse loop")
 	}
 }
+
+// TestSHMSmoke runs the shm experiment at toy sizes (NPRDMA_LONG=1: it
+// starts a target, two attach processes and nbdkit): every goal figure is
+// there with both sides measured, and the attachment over shm left the
+// target's CPU out of the reads.
+func TestSHMSmoke(t *testing.T) {
+	if os.Getenv("NPRDMA_LONG") == "" {
+		t.Skip("NPRDMA_LONG=1 runs the shm smoke test")
+	}
+	for _, tool := range []string{"fio", "nbdkit", "nbdcopy"} {
+		if _, err := bench.FindTool(tool); err != nil {
+			t.Skipf("%s not installed: %v", tool, err)
+		}
+	}
+	env, bins := smokeEnv(t)
+	cfg := SHMConfig{ResidentSize: 32 << 20, Runtime: 500 * time.Millisecond, Ramp: 100 * time.Millisecond, Rounds: 1, QD: 8, Samples: 50}
+	exp, err := MeasureSHM(context.Background(), env, bins, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"resident QD1 p50, shm vs one-hop", "resident QD8 IOPS, shm vs one-hop",
+		"4 KiB READ in place p50 vs 2× memcpy + 1 µs", "major fault p50 over shm vs its bound"} {
+		if f := figure(t, exp, name); f.Value <= 0 || f.BaselineValue <= 0 || f.Goal == nil {
+			t.Errorf("%s: %+v", name, f)
+		}
+	}
+	cpu := figure(t, exp, "target CPU per resident read at QD8, shm vs tcp")
+	if cpu.BaselineValue <= 0 || cpu.Value >= cpu.BaselineValue {
+		t.Errorf("target CPU per read: shm %v µs, tcp %v µs", cpu.Value, cpu.BaselineValue)
+	}
+}
+
+// TestNVMeTCPSmoke runs the nvme-tcp experiment at toy sizes (NPRDMA_LONG=1,
+// like the e2e-fio smoke test: it starts five processes and checks the
+// data through both attachments).
+func TestNVMeTCPSmoke(t *testing.T) {
+	if os.Getenv("NPRDMA_LONG") == "" {
+		t.Skip("NPRDMA_LONG=1 runs the nvme-tcp smoke test")
+	}
+	for _, tool := range []string{"fio", "nbdkit", "nbdcopy"} {
+		if _, err := bench.FindTool(tool); err != nil {
+			t.Skipf("%s not installed: %v", tool, err)
+		}
+	}
+	env, bins := smokeEnv(t)
+	cfg := NVMeTCPConfig{Size: 32 << 20, Runtime: 300 * time.Millisecond, Ramp: 100 * time.Millisecond, Rounds: 2, QD: 8}
+	exp, err := MeasureNVMeTCP(context.Background(), env, bins, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"NVMe/TCP QD1 p50 vs two-hop", "NVMe/TCP QD8 IOPS vs two-hop", "NVMe/TCP QD1 p50 vs the nprdma fabric",
+		"NVMe/TCP QD8 IOPS vs one-hop", "nprdma fabric QD8 IOPS vs two-hop"} {
+		if f := figure(t, exp, name); f.Value <= 0 || f.BaselineValue <= 0 {
+			t.Errorf("%s: %+v", name, f)
+		}
+	}
+	if f := figure(t, exp, "NVMe/TCP QD1 p50 vs two-hop"); f.Goal == nil {
+		t.Errorf("the QD1 figure carries no goal: %+v", f)
+	}
+}

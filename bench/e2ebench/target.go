@@ -24,9 +24,12 @@ type targetConfig struct {
 	backing string
 	memory  int64
 	dataDir string
-	listen  string // default 127.0.0.1:0
-	pin     bool
-	cpus    []int
+	listen  string   // default 127.0.0.1:0
+	also    []string // more --listen addresses (unix:PATH: shared memory)
+	// listenNVMeTCP also serves NVMe/TCP there ("": not served).
+	listenNVMeTCP string
+	pin           bool
+	cpus          []int
 }
 
 func (c targetConfig) argv() []string {
@@ -36,8 +39,14 @@ func (c targetConfig) argv() []string {
 	}
 	argv := []string{c.bin, "--backing", c.backing, "--memory", fmt.Sprintf("%dKiB", c.memory>>10),
 		"--listen", listen, "--nqn", benchNQN, "--allow-any-host", "--data-dir", c.dataDir, "--log-level", "warn"}
+	for _, a := range c.also {
+		argv = append(argv, "--listen", a)
+	}
 	if c.pin {
 		argv = append(argv, "--pin")
+	}
+	if c.listenNVMeTCP != "" {
+		argv = append(argv, "--listen-nvme-tcp", c.listenNVMeTCP)
 	}
 	return argv
 }
@@ -45,8 +54,9 @@ func (c targetConfig) argv() []string {
 // targetProc is a running nprdma-target.
 type targetProc struct {
 	*child
-	addr   string // where hosts connect
-	banner string // the "serving ..." line
+	addr    string // where hosts connect
+	tcpAddr string // the NVMe/TCP port's ("" when not served)
+	banner  string // the "serving ..." line
 }
 
 // startTarget starts the target and waits for its "connect with" line.
@@ -63,6 +73,14 @@ func startTarget(ctx context.Context, c targetConfig, timeout time.Duration) (*t
 	}
 	p.addr, _ = banner.Addr(l)
 	p.banner, _ = ch.waitLine(ctx, time.Second, banner.IsServing)
+	if c.listenNVMeTCP != "" {
+		l, err := ch.waitLine(ctx, timeout, func(l string) bool { _, ok := banner.NVMeTCPAddr(l); return ok })
+		if err != nil {
+			ch.stop(syscall.SIGKILL, time.Second)
+			return nil, err
+		}
+		p.tcpAddr, _ = banner.NVMeTCPAddr(l)
+	}
 	return p, nil
 }
 

@@ -20,7 +20,7 @@ import (
 	"github.com/nprdma/nprdma/initiator/blockio"
 	"github.com/nprdma/nprdma/initiator/fuseblk"
 	"github.com/nprdma/nprdma/initiator/nbd"
-	"github.com/nprdma/nprdma/nprdma"
+	nvmetcp "github.com/nprdma/nprdma/nvme/tcp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -52,7 +52,7 @@ func attachCommand() *cli.Command {
 			"after a restart, I/O fails with EIO from then on, list shows the attachment as lost or namespace-changed,\n" +
 			"and the teardown exits 1 only if writes or trims it acknowledged were never covered by a flush.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address (tcp: host:port)"},
+			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address, host:port (with --transport tcp the port defaults to 4420), or unix:PATH, a target's shared-memory socket on this host (--transport nprdma)"},
 			&cli.StringFlag{Name: "nqn", Aliases: []string{"n"}, Required: true, Usage: "subsystem NQN (see discover)"},
 			&cli.UintFlag{Name: "nsid", Value: 1, Usage: "namespace ID"},
 			&cli.StringFlag{Name: "mode", Value: string(attach.ModeAuto), Usage: "nbd (NBD socket), fuse (FUSE file + /dev/loopN, root) or auto"},
@@ -130,7 +130,7 @@ type attachment struct {
 	stderr io.Writer
 	log    *slog.Logger // the initiator's, the NBD server's and FUSE's: --log-level
 
-	dev     *nprdma.Device
+	release func() // the transport's, after ctrl is closed
 	ctrl    *initiator.Controller
 	ns      *initiator.Namespace
 	stats   initiator.Stats // the controller's counters at teardown
@@ -159,7 +159,7 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 	a := &attachment{cc: cc, req: req, stderr: cc.App.ErrWriter, serveErr: make(chan error, 2)}
 	a.rec = attach.Record{
 		Name: req.name, State: attach.StateStarting, PID: self.PID, ProcStart: self.Start, Started: time.Now().UTC().Truncate(time.Second),
-		Mode: req.mode, Target: cc.String("target"), NQN: cc.String("nqn"), NSID: uint32(cc.Uint("nsid")),
+		Mode: req.mode, Target: targetAddr(cc, nvmetcp.Port), NQN: cc.String("nqn"), NSID: uint32(cc.Uint("nsid")),
 		LogFile: os.Getenv(envDaemonLog),
 	}
 	if req.reason != "" {
@@ -329,18 +329,22 @@ func (a *attachment) setUp(ctx context.Context) error {
 		a.rec.MetricsAddr = ln.Addr().String()
 	}
 
-	dev, err := newDevice(cc)
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ch, err := chooseTransport(cctx, cc, a.rec.Target, a.rec.NQN, opts)
 	if err != nil {
+		cancel()
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	c, err := initiator.Connect(cctx, dev, a.rec.Target, a.rec.NQN, opts...)
+	if ch.reason != "" {
+		a.say("%s", ch.reason)
+	}
+	c, err := initiator.ConnectOver(cctx, ch.tr, ch.addr, a.rec.NQN, opts...)
 	cancel()
 	if err != nil {
-		dev.Close()
+		ch.release()
 		return err
 	}
-	a.ctrl, a.dev = c, dev
+	a.ctrl, a.release = c, ch.release
 	a.ns, err = c.Namespace(ctx, a.rec.NSID)
 	if err != nil {
 		return err
@@ -469,7 +473,7 @@ func (a *attachment) tearDown(force bool) (refused bool, err error) {
 		if err := a.ctrl.Close(); err != nil && !errors.Is(err, initiator.ErrClosed) {
 			errs = append(errs, err)
 		}
-		a.dev.Close()
+		a.release()
 		a.ctrl = nil
 	}
 	return false, errors.Join(errs...)

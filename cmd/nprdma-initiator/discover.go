@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/nprdma/nprdma/initiator"
-	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nvme"
+	nvmetcp "github.com/nprdma/nprdma/nvme/tcp"
 	"github.com/urfave/cli/v2"
 )
 
@@ -22,10 +23,14 @@ func discoverCommand() *cli.Command {
 		Description: "Connects to the target's discovery controller, reads the Discovery log page (the subsystems\n" +
 			"this host may access), then connects to each subsystem to list its namespaces.\n" +
 			"Each subsystem shows the NVMe-oF transport type the target advertises (rdma: nprdma speaks the\n" +
-			"NVMe-oF RDMA binding, also when the RDMA is software over TCP; loop for the in-process provider)\n" +
-			"and the nprdma provider this host reached it with (--provider), for which the log has no field.",
+			"NVMe-oF RDMA binding, also when the RDMA is software over TCP; loop for the in-process provider and\n" +
+			"for a shared-memory listener, whose address is unix:PATH: attach uses it from this host; tcp: NVMe/TCP)\n" +
+			"and, over the nprdma fabric, the nprdma provider this host reached it with (--provider), for which\n" +
+			"the log has no field.\n" +
+			"With --transport tcp, the discovery controller is at --target (port 8009 when none is given) and\n" +
+			"each subsystem is listed at the address and port its log entry gives.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address (tcp: host:port, e.g. 127.0.0.1:4420)"},
+			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address, host:port (e.g. 127.0.0.1:4420; with --transport tcp the port defaults to 8009), or unix:PATH, a target's shared-memory socket on this host (--transport nprdma)"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON instead of a table"},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "give up after this long"},
 		},
@@ -50,8 +55,9 @@ type DiscoveredSubsystem struct {
 	Transport string `json:"transport"`
 	// Provider is the nprdma provider this host reached the target with
 	// (--provider): what carries the RDMA. The discovery log has no field
-	// for it; a provider other than the target's would not have got this far.
-	Provider   string                `json:"provider"`
+	// for it; a provider other than the target's would not have got this
+	// far. Empty over NVMe/TCP.
+	Provider   string                `json:"provider,omitempty"`
 	Address    string                `json:"address"`
 	Service    string                `json:"service,omitempty"`
 	Namespaces []DiscoveredNamespace `json:"namespaces"`
@@ -86,17 +92,21 @@ func discover(cc *cli.Context) error {
 		return err
 	}
 	opts := hostOptions(cc, logger)
-	dev, err := newDevice(cc)
+	addr := targetAddr(cc, nvmetcp.DiscoveryPort)
+	tr, release, err := newTransport(cc, addr)
 	if err != nil {
 		return err
 	}
-	defer dev.Close()
+	defer release()
 	ctx, cancel := context.WithTimeout(context.Background(), cc.Duration("timeout"))
 	defer cancel()
-	addr := cc.String("target")
-	log, err := initiator.Discover(ctx, dev, addr, opts...)
+	log, err := initiator.DiscoverOver(ctx, tr, addr, opts...)
 	if err != nil {
 		return err
+	}
+	provider := ""
+	if tr.String() == "nprdma" {
+		provider = providerFor(cc.String("provider"), addr)
 	}
 	host, err := initiator.HostNQN(opts...)
 	if err != nil {
@@ -104,11 +114,12 @@ func discover(cc *cli.Context) error {
 	}
 	out := Discovery{Target: addr, HostNQN: host, Subsystems: []DiscoveredSubsystem{}}
 	for _, e := range log.Entries {
-		s := DiscoveredSubsystem{NQN: e.SubNQN, Transport: transportName(e.TRTYPE), Provider: cc.String("provider"),
+		if e.SUBTYPE != nvme.SubtypeNVM {
+			continue // a referral, or the discovery subsystem itself (nvmet lists it)
+		}
+		s := DiscoveredSubsystem{NQN: e.SubNQN, Transport: transportName(e.TRTYPE), Provider: provider,
 			Address: e.TRADDR, Service: e.TRSVCID, Namespaces: []DiscoveredNamespace{}}
-		// The discovery log carries the target's own idea of its address
-		// (it may listen on a wildcard); connect where discovery worked.
-		if err := listNamespaces(ctx, dev, addr, &s, opts); err != nil {
+		if err := listNamespaces(ctx, tr, subsystemAddr(tr, addr, e), &s, opts); err != nil {
 			s.Error = err.Error()
 		}
 		out.Subsystems = append(out.Subsystems, s)
@@ -122,8 +133,26 @@ func discover(cc *cli.Context) error {
 	return nil
 }
 
-func listNamespaces(ctx context.Context, dev *nprdma.Device, addr string, s *DiscoveredSubsystem, opts []initiator.Option) error {
-	c, err := initiator.Connect(ctx, dev, addr, s.NQN, append(opts, initiator.WithIOQueues(1), initiator.WithQueueDepth(4))...)
+// subsystemAddr is where discover connects to the subsystem of log entry
+// e, found through the discovery controller at addr. An nprdma-target
+// serves its subsystems where it serves discovery, and its log carries its
+// own idea of its address (it may listen on a wildcard): connect where
+// discovery worked. An NVMe/TCP discovery controller (port 8009) names
+// the I/O controllers' port; a wildcard or empty address in the entry
+// means the discovery controller's host.
+func subsystemAddr(tr initiator.Transport, addr string, e nvme.DiscoveryLogEntry) string {
+	if tr.String() != "tcp" || e.TRTYPE != nvme.TransportTCP || e.TRSVCID == "" {
+		return addr
+	}
+	host := e.TRADDR
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host, _, _ = net.SplitHostPort(addr)
+	}
+	return net.JoinHostPort(host, e.TRSVCID)
+}
+
+func listNamespaces(ctx context.Context, tr initiator.Transport, addr string, s *DiscoveredSubsystem, opts []initiator.Option) error {
+	c, err := initiator.ConnectOver(ctx, tr, addr, s.NQN, append(opts, initiator.WithIOQueues(1), initiator.WithQueueDepth(4))...)
 	if err != nil {
 		return err
 	}
@@ -158,7 +187,11 @@ func printDiscovery(w io.Writer, d Discovery) {
 		if s.Service != "" {
 			addr += ":" + s.Service
 		}
-		fmt.Fprintf(w, "\nsubsystem %s at %s (NVMe-oF transport %s, nprdma provider %s)\n", s.NQN, addr, s.Transport, s.Provider)
+		if s.Provider != "" {
+			fmt.Fprintf(w, "\nsubsystem %s at %s (NVMe-oF transport %s, nprdma provider %s)\n", s.NQN, addr, s.Transport, s.Provider)
+		} else {
+			fmt.Fprintf(w, "\nsubsystem %s at %s (NVMe-oF transport %s)\n", s.NQN, addr, s.Transport)
+		}
 		if s.Error != "" {
 			fmt.Fprintf(w, "  error: %s\n", s.Error)
 			continue

@@ -2,7 +2,8 @@
 // namespace lives in a memory region registered for one-sided remote reads
 // without pinning, as large as the namespace and several times larger than
 // the DRAM the target may use (--memory); cold pages live on the backing
-// device. See docs/target.md.
+// device. With --listen-nvme-tcp it serves the same namespaces to standard
+// NVMe/TCP hosts. See docs/target.md.
 package main
 
 import (
@@ -34,6 +35,8 @@ func newApp() *cli.App {
 			"as the namespace; at most --memory of it is resident in DRAM, the rest lives on the backing device.\n" +
 			"Hosts read with one-sided RDMA READs and fall back to NVMe Read commands for pages that are not\n" +
 			"resident. Without --backing or --config a sparse file of --default-size is created under --data-dir.\n" +
+			"With --listen-nvme-tcp, stock NVMe/TCP hosts (the Linux kernel's nvme-tcp) reach the same namespaces\n" +
+			"with two-sided reads through the same DRAM cache.\n" +
 			"SIGTERM or SIGINT: stop accepting, drain the commands in flight, flush every namespace, record a clean\n" +
 			"shutdown, exit 0; all of it within --shutdown-timeout. A stop that is not clean (a backing device or the\n" +
 			"metadata store failing or not answering) exits 1 by then, saying what was and was not persisted\n" +
@@ -42,7 +45,9 @@ func newApp() *cli.App {
 			&cli.StringSliceFlag{Name: "backing", Usage: "a block device or file to serve, as PATH[,nsid=N][,budget=SIZE] (repeatable: one namespace each, in the subsystem --nqn; budget overrides this namespace's share of --memory)"},
 			&cli.StringFlag{Name: "config", Usage: "JSON file describing several subsystems and namespaces (see docs/target.md); used instead of --backing/--nqn/--allow-host"},
 			&cli.StringFlag{Name: "memory", Value: "1GiB", Usage: "DRAM budget for all namespaces together, at least 1MiB (units KiB, MiB, GiB, TiB); namespaces without their own budget share it in proportion to their sizes"},
-			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:4420", Usage: "address to accept connections on (tcp: host:port; loop: a name; verbs: an address of the RDMA device's network interface and a port, e.g. 192.168.1.5:4420)"},
+			&cli.StringSliceFlag{Name: "listen", Value: cli.NewStringSlice("127.0.0.1:4420"), Usage: "address to accept nprdma fabric connections on (tcp: host:port; loop: a name; verbs: an address of the RDMA NIC's network interface and a port, e.g. 192.168.1.5:4420, where NVMe/RDMA hosts such as Linux's nvme-rdma connect too); unix:PATH also serves initiators on this host over shared memory on the unix socket PATH, which read the namespaces in place without this process's CPU (repeatable: e.g. --listen 127.0.0.1:4420 --listen unix:/run/nprdma/target.sock; `nprdma-initiator attach` finds the socket through discovery)"},
+			&cli.StringFlag{Name: "listen-nvme-tcp", Usage: "also serve the same subsystems to standard NVMe/TCP hosts (Linux nvme connect -t tcp) on `ADDR`, host:port, e.g. 127.0.0.1:4421 (4420 by convention when --listen is elsewhere); reads are two-sided, through the same DRAM cache; the port answers the discovery NQN too (empty: off)"},
+			&cli.StringFlag{Name: "listen-nvme-tcp-discovery", Usage: "serve an NVMe/TCP discovery controller, and nothing else, on `ADDR`, host:port (8009 by convention, where nvme discover looks); needs --listen-nvme-tcp, which its log points hosts at (empty: off)"},
 			&cli.StringFlag{Name: "nqn", Value: DefaultNQN, Usage: "NQN of the subsystem that holds the --backing namespaces"},
 			&cli.StringSliceFlag{Name: "allow-host", Usage: "host NQN allowed to connect to the subsystem (repeatable; hosts not listed are refused)"},
 			&cli.BoolFlag{Name: "allow-any-host", Usage: "let every host connect (no access control)"},

@@ -18,6 +18,7 @@ import (
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/internal/banner"
 	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/nprdma/verbs"
 	"github.com/nprdma/nprdma/target"
@@ -60,6 +61,10 @@ func serve(cc *cli.Context) error {
 		return err
 	}
 	fabricOpt, err := newFabric(cc.String("provider"), cc.String("rdma-device"))
+	if err != nil {
+		return err
+	}
+	frames, err := frameMode(cc.String("frames"))
 	if err != nil {
 		return err
 	}
@@ -111,12 +116,10 @@ func serve(cc *cli.Context) error {
 			AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: []namespaceSpec{{NSID: 1, Backing: path}}}}
 	}
 
-	frames, err := frameMode(cc.String("frames"))
-	if err != nil {
-		return err
-	}
-	opts := []target.Option{fabricOpt, target.WithListen(cc.String("listen")), target.WithFrames(frames),
-		target.WithFrameShare(cc.Float64("frame-share")),
+	opts := []target.Option{fabricOpt, target.WithListen(cc.StringSlice("listen")...),
+		target.WithFrames(frames), target.WithFrameShare(cc.Float64("frame-share")),
+		target.WithListenNVMeTCP(cc.String("listen-nvme-tcp")),
+		target.WithListenNVMeTCPDiscovery(cc.String("listen-nvme-tcp-discovery")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
 		target.WithQueueDepth(cc.Int("queue-depth"))}
 	opts = append(opts, lims.options()...)
@@ -242,7 +245,10 @@ func serve(cc *cli.Context) error {
 	if cc.Bool("pin") {
 		mode = "PINNED baseline (" + formatSize(memory) + " pinned at start)"
 	}
-	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), cc.String("provider"), tg.Addr(), mode, tg.PreviousRun().String()))
+	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), providerSummary(cc.String("provider"), tg.Addrs()), tg.Addr(), mode, tg.PreviousRun().String()))
+	if a := tg.NVMeTCPAddr(); a != "" {
+		fmt.Fprint(os.Stderr, banner.NVMeTCPLine(a, tg.NVMeTCPDiscoveryAddr()))
+	}
 
 	<-ctx.Done()
 	// Keep catching SIGTERM and SIGINT until the flush is done: a second one
@@ -350,6 +356,26 @@ func newLogger(level string) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
 }
 
+// providerSummary names the provider for the banner, with the listeners
+// that take other providers (shm, for initiators on this host).
+func providerSummary(name string, addrs []string) string {
+	var others []string
+	for _, a := range addrs[min(1, len(addrs)):] {
+		if strings.HasPrefix(a, shm.Scheme) {
+			others = append(others, "shm on "+a)
+		} else {
+			others = append(others, "also on "+a)
+		}
+	}
+	if len(addrs) > 0 && strings.HasPrefix(addrs[0], shm.Scheme) {
+		name = "shm"
+	}
+	if len(others) == 0 {
+		return name
+	}
+	return name + " (" + strings.Join(others, ", ") + ")"
+}
+
 // frameMode is the target.FrameMode --frames names.
 func frameMode(name string) (target.FrameMode, error) {
 	switch name {
@@ -364,7 +390,7 @@ func frameMode(name string) (target.FrameMode, error) {
 }
 
 // newFabric is the target option --provider selects: a software NIC on
-// a provider, or an RDMA device (verbs).
+// a provider, or an RDMA NIC (verbs).
 func newFabric(name, device string) (target.Option, error) {
 	switch name {
 	case "tcp":

@@ -120,7 +120,8 @@ func vwExpected(err error) bool {
 }
 
 // TestVersionedWritesSurviveConnectionChurn: the real initiator against a
-// swap-backed namespace four times its budget, on loop and tcp. Writers
+// swap-backed namespace four times its budget, on loop and tcp, and over
+// NVMe/TCP (through a proxy that resets the connections). Writers
 // write versioned blocks (block, version, writer, checksum) to overlapping
 // ranges, one write of a block at a time, and remember the version
 // acknowledged last; readers check that every block they read is a whole
@@ -134,7 +135,7 @@ func vwExpected(err error) bool {
 // Flush, every block must read back exactly its last acknowledged version
 // through the initiator and on the backing file.
 func TestVersionedWritesSurviveConnectionChurn(t *testing.T) {
-	for _, kind := range []fabricKind{loopFabric, tcpFabric} {
+	for _, kind := range []fabricKind{loopFabric, tcpFabric, nvmeTCPFabric} {
 		t.Run(kind.name, func(t *testing.T) { versionedChurn(t, kind, 1) })
 	}
 }
@@ -149,14 +150,23 @@ func versionedChurn(t *testing.T, kind fabricKind, seed uint64) {
 	if !r.namespace(t, 1).OneSided() {
 		t.Fatal("namespace 1 is not a swap-backed (one-sided) namespace")
 	}
-	cut := &cutter{Provider: tcp.New()}
-	if kind.loop {
-		cut.Provider = loop.New(loop.WithFabric(r.lf))
+	opts := []initiator.Option{initiator.WithIOQueues(2), initiator.WithQueueDepth(16), initiator.WithReconnectDelay(10 * time.Millisecond)}
+	var c *initiator.Controller
+	var cutAll func() // resets every connection of the host
+	if kind.nvmeTCP {
+		p := startCutProxy(t, r.tcpAddr)
+		cutAll = p.Cut
+		c = r.connectTCP(t, p.Addr(), subNQN, "a", opts...)
+	} else {
+		cut := &cutter{Provider: tcp.New()}
+		if kind.loop {
+			cut.Provider = loop.New(loop.WithFabric(r.lf))
+		}
+		dev := nprdma.NewDevice(cut, nprdma.WithName("host"), nprdma.WithPinning(false))
+		t.Cleanup(func() { dev.Close() })
+		cutAll = cut.Cut
+		c = r.connect(t, dev, subNQN, "a", opts...)
 	}
-	dev := nprdma.NewDevice(cut, nprdma.WithName("host"), nprdma.WithPinning(false))
-	t.Cleanup(func() { dev.Close() })
-	c := r.connect(t, dev, subNQN, "a", initiator.WithIOQueues(2), initiator.WithQueueDepth(16),
-		initiator.WithReconnectDelay(10*time.Millisecond))
 	n := openNamespace(t, c, 1)
 
 	blocks := make([]vwBlock, vwBlocks)
@@ -305,7 +315,7 @@ func versionedChurn(t *testing.T, kind fabricKind, seed uint64) {
 	deadline := time.Now().Add(run)
 	for time.Now().Before(deadline) && failures.Load() == 0 {
 		time.Sleep(time.Duration(100+rng.IntN(150)) * time.Millisecond)
-		cut.Cut()
+		cutAll()
 		cuts.Add(1)
 	}
 	close(stop)

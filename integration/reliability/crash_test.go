@@ -110,8 +110,15 @@ type crashStats struct {
 // on the same backing file and data directory, and checked: every block
 // acknowledged before the last completed flush, and every FUA write, is
 // intact, and no block is torn or garbage. 20 rounds (200 with
-// NPRDMA_LONG=1); NPRDMA_CRASH_SEED replays a run.
+// NPRDMA_LONG=1); NPRDMA_CRASH_SEED replays a run. Over the nprdma fabric
+// (tcp) and over NVMe/TCP.
 func TestCrashConsistency(t *testing.T) {
+	for _, kind := range []fabricKind{tcpFabric, nvmeTCPFabric} {
+		t.Run(kind.name, func(t *testing.T) { crashConsistency(t, kind) })
+	}
+}
+
+func crashConsistency(t *testing.T, kind fabricKind) {
 	rounds := 20
 	if longRun() {
 		rounds = 200
@@ -135,16 +142,30 @@ func TestCrashConsistency(t *testing.T) {
 	if err := blockdev.Create(backing, size); err != nil {
 		t.Fatal(err)
 	}
-	args := targetArgs(backing, filepath.Join(dir, "data"), "127.0.0.1:0", "1MiB")
+	// startTarget starts the target on the files; over NVMe/TCP also on
+	// a free port of its own, returned as where the host connects.
+	startTarget := func() (*targetProc, string) {
+		args := targetArgs(backing, filepath.Join(dir, "data"), "127.0.0.1:0", "1MiB")
+		if !kind.nvmeTCP {
+			p := startTargetProc(t, args...)
+			return p, p.addr
+		}
+		addr := freeAddr(t)
+		return startTargetProc(t, append(args, "--listen-nvme-tcp", addr)...), addr
+	}
 	m := newCrashModel(blocks)
 	var st crashStats
 
-	connect := func(p *targetProc) (*nprdma.Device, *initiator.Controller, *initiator.Namespace) {
+	connect := func(p *targetProc, addr string) (*nprdma.Device, *initiator.Controller, *initiator.Namespace) {
 		t.Helper()
 		dev := nprdma.NewDevice(tcp.New(), nprdma.WithPinning(false))
+		tr := initiator.NPRDMA(dev)
+		if kind.nvmeTCP {
+			tr = initiator.TCP()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		c, err := initiator.Connect(ctx, dev, p.addr, subNQN, hostOptions("crash",
+		c, err := initiator.ConnectOver(ctx, tr, addr, subNQN, hostOptions("crash",
 			initiator.WithControllerLossTimeout(2*time.Second), initiator.WithQPTimeout(2*time.Second),
 			initiator.WithReconnectDelay(20*time.Millisecond))...)
 		if err != nil {
@@ -259,16 +280,16 @@ func TestCrashConsistency(t *testing.T) {
 		}
 	}
 
-	p := startTargetProc(t, args...)
+	p, addr := startTarget()
 	for round := 0; round <= rounds; round++ {
 		start := time.Now()
 		if round > 0 {
-			p = startTargetProc(t, args...)
+			p, addr = startTarget()
 			if !strings.Contains(p.banner, banner.PreviousRun+target.PreviousRunUnclean.String()) {
 				t.Fatalf("round %d: restart after SIGKILL says %q", round, p.banner)
 			}
 		}
-		dev, c, n := connect(p)
+		dev, c, n := connect(p, addr)
 		verify(round, n)
 		if round == rounds {
 			c.Close()

@@ -41,15 +41,18 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // longRun selects the long versions of the tests (NPRDMA_LONG=1).
 func longRun() bool { return os.Getenv("NPRDMA_LONG") == "1" }
 
-// fabricKind is the nprdma provider a test runs over.
+// fabricKind is the nprdma provider a test runs over, or NVMe/TCP: the
+// target then also listens for NVMe/TCP, where the test's hosts connect.
 type fabricKind struct {
-	name string
-	loop bool
+	name    string
+	loop    bool
+	nvmeTCP bool
 }
 
 var (
-	loopFabric = fabricKind{"loop", true}
-	tcpFabric  = fabricKind{"tcp", false}
+	loopFabric    = fabricKind{"loop", true, false}
+	tcpFabric     = fabricKind{"tcp", false, false}
+	nvmeTCPFabric = fabricKind{"nvme-tcp", false, true}
 )
 
 // nsSpec describes a namespace of an in-process target: a sparse backing
@@ -79,6 +82,9 @@ type targetRig struct {
 	tg     *target.Target
 	reg    *prometheus.Registry
 	faulty map[uint32]*blockdev.Faulty // by NSID (first subsystem's)
+	// tcpAddr is the NVMe/TCP port's address (nvmeTCP kinds), kept across
+	// restarts.
+	tcpAddr string
 }
 
 // newTarget starts an in-process target; it is closed when the test ends.
@@ -110,6 +116,13 @@ func (r *targetRig) start(listen string) error {
 	r.reg = prometheus.NewRegistry()
 	opts := append([]target.Option{target.WithProvider(prov), target.WithListen(listen), target.WithLogger(quiet),
 		target.WithDataDir(filepath.Join(r.dir, "meta")), target.WithMetrics(r.reg)}, r.opts...)
+	if r.kind.nvmeTCP {
+		tcpListen := r.tcpAddr
+		if tcpListen == "" {
+			tcpListen = "127.0.0.1:0"
+		}
+		opts = append(opts, target.WithListenNVMeTCP(tcpListen))
+	}
 	tg, err := target.New(opts...)
 	if err != nil {
 		return err
@@ -154,6 +167,7 @@ func (r *targetRig) start(listen string) error {
 		return err
 	}
 	r.tg = tg
+	r.tcpAddr = tg.NVMeTCPAddr()
 	return nil
 }
 
@@ -210,6 +224,21 @@ func (r *targetRig) connectE(dev *nprdma.Device, nqn string, opts ...initiator.O
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	return initiator.Connect(ctx, dev, r.tg.Addr(), nqn, opts...)
+}
+
+// connectTCP connects host to subsystem nqn over NVMe/TCP at addr (the
+// rig's NVMe/TCP port, or a proxy of it); the controller is closed when
+// the test ends.
+func (r *targetRig) connectTCP(t testing.TB, addr, nqn, host string, opts ...initiator.Option) *initiator.Controller {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := initiator.ConnectOver(ctx, initiator.TCP(), addr, nqn, hostOptions(host, opts...)...)
+	if err != nil {
+		t.Fatalf("connect %s to %s over NVMe/TCP: %v", host, nqn, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 func openNamespace(t testing.TB, c *initiator.Controller, nsid uint32) *initiator.Namespace {

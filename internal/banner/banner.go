@@ -4,10 +4,15 @@
 //
 //	nprdma-target: serving <namespaces> over <provider> on <addr>, regions <mode>, previous run: <how it ended>
 //	nprdma-target: connect with: nprdma-initiator discover --target <addr>
+//
+// and, when it serves NVMe/TCP hosts too, a third:
+//
+//	nprdma-target: NVMe/TCP on <addr> (discovery on <addr>): nvme discover -t tcp -a <host> -s <port>
 package banner
 
 import (
 	"fmt"
+	"net"
 	"strings"
 )
 
@@ -39,5 +44,34 @@ func Addr(line string) (string, bool) {
 		return "", false
 	}
 	addr := strings.TrimSpace(line[i+len(Connect):])
+	return addr, addr != ""
+}
+
+// NVMeTCP precedes the NVMe/TCP port's address on the third line.
+const NVMeTCP = "nprdma-target: NVMe/TCP on "
+
+// NVMeTCPLine formats the third line: the NVMe/TCP port at addr and the
+// discovery port at disc ("" when there is none: hosts discover on addr).
+func NVMeTCPLine(addr, disc string) string {
+	where, d := "", addr
+	if disc != "" {
+		where, d = " (discovery on "+disc+")", disc
+	}
+	host, port, err := net.SplitHostPort(d)
+	if err != nil {
+		host, port = d, ""
+	}
+	return fmt.Sprintf("%s%s%s: nvme discover -t tcp -a %s -s %s\n", NVMeTCP, addr, where, host, port)
+}
+
+// NVMeTCPAddr returns the NVMe/TCP port's address from a line that is (or
+// contains) the third line.
+func NVMeTCPAddr(line string) (string, bool) {
+	i := strings.Index(line, NVMeTCP)
+	if i < 0 {
+		return "", false
+	}
+	addr, _, _ := strings.Cut(line[i+len(NVMeTCP):], " ")
+	addr = strings.TrimSuffix(addr, ":") // "host:port: nvme discover …"
 	return addr, addr != ""
 }

@@ -49,3 +49,21 @@ func TestWatch(t *testing.T) {
 		t.Fatalf("log %q", log)
 	}
 }
+
+func TestNVMeTCPLine(t *testing.T) {
+	for _, c := range []struct{ addr, disc, want string }{
+		{"127.0.0.1:4420", "127.0.0.1:8009", "nprdma-target: NVMe/TCP on 127.0.0.1:4420 (discovery on 127.0.0.1:8009): nvme discover -t tcp -a 127.0.0.1 -s 8009\n"},
+		{"10.0.2.15:4421", "", "nprdma-target: NVMe/TCP on 10.0.2.15:4421: nvme discover -t tcp -a 10.0.2.15 -s 4421\n"},
+	} {
+		line := NVMeTCPLine(c.addr, c.disc)
+		if line != c.want {
+			t.Errorf("NVMeTCPLine(%q, %q) = %q, want %q", c.addr, c.disc, line, c.want)
+		}
+		if got, ok := NVMeTCPAddr(line); !ok || got != c.addr {
+			t.Errorf("NVMeTCPAddr(%q) = %q, %v", line, got, ok)
+		}
+	}
+	if _, ok := NVMeTCPAddr("nprdma-target: serving x"); ok {
+		t.Error("an address in another line")
+	}
+}

@@ -23,8 +23,9 @@ const (
 )
 
 // ErrQueueFailed is wrapped by the errors of operations on a queue whose
-// queue pair failed or that was closed (with the queue pair's reason).
-var ErrQueueFailed = errors.New("nvme fabric: queue failed")
+// queue pair failed or that was closed (with the queue pair's reason): it is
+// nvme.ErrQueueFailed, shared by every transport binding.
+var ErrQueueFailed = nvme.ErrQueueFailed
 
 // Handler receives the commands of a queue. It is called on the queue's
 // receive loop, one command at a time, and must not block: anything that
@@ -147,8 +148,16 @@ func (q *ControllerQueue) InCapsuleData() int { return q.icd }
 // RemoteAddr is the host's address.
 func (q *ControllerQueue) RemoteAddr() string { return q.remote }
 
-// QP is the queue's queue pair (for access tags and diagnostics).
+// QP is the queue's queue pair (for diagnostics).
 func (q *ControllerQueue) QP() *nprdma.QP { return q.qp }
+
+// Lost is closed as soon as the queue pair is down, before the receive loop
+// may have stopped (Done).
+func (q *ControllerQueue) Lost() <-chan struct{} { return q.qp.Done() }
+
+// SetAccessTag sets the access tag of the queue pair: memory registered
+// with that tag (nprdma.WithAccessTag) is readable over this queue only.
+func (q *ControllerQueue) SetAccessTag(tag uint64) { q.qp.SetAccessTag(tag) }
 
 // Done is closed once the queue has failed or been closed and its receive
 // loop has stopped.
@@ -419,6 +428,9 @@ const (
 
 // Queue is the queue the command arrived on.
 func (r *Request) Queue() *ControllerQueue { return r.q }
+
+// Command is the command (valid until Complete): the field Cmd.
+func (r *Request) Command() *nvme.Command { return &r.Cmd }
 
 // InCapsuleData is the data the capsule carried (nil if none). It lives in
 // the queue's receive buffer: do not use it after Complete.

@@ -342,7 +342,7 @@ func rawCapsule(t *testing.T, q *HostQueue, b []byte) nvme.Completion {
 		b[2], b[3] = byte(cid), byte(cid>>8)
 	}
 	q.mu.Lock()
-	c.finished.Store(false)
+	c.StartLocked()
 	q.mu.Unlock()
 	cb, err := q.Pool().Get(len(b))
 	if err != nil {
@@ -355,7 +355,7 @@ func rawCapsule(t *testing.T, q *HostQueue, b []byte) nvme.Completion {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := q.wait(ctx, c); err != nil {
+	if err := q.turns.Wait(ctx, &c.Slot, &q.mu, (*leader)(q)); err != nil {
 		t.Fatalf("no completion for a malformed capsule: %v", err)
 	}
 	cqe := c.cqe

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nvme"
+	"github.com/nprdma/nprdma/nvme/internal/turns"
 )
 
 // HostAccess is the access a host's data pool must grant: the controller
@@ -71,7 +71,8 @@ func WithReadSlots(n int) DialOption { return func(c *dialConfig) { c.readSlots 
 //
 // Completions are dispatched without a goroutine of the queue's own: the
 // goroutines waiting for their commands take turns polling the completion
-// queue (leader/follower). The leader delivers every completion it finds
+// queue (leader/follower, package turns). The leader delivers every
+// completion it finds
 // and hands the role over when its own command is done, so with one
 // command in flight its submitter is woken directly by the queue pair and
 // no hand-off between goroutines sits on the path.
@@ -88,7 +89,7 @@ type HostQueue struct {
 	recvMR  *nprdma.MR
 	maxInl  int
 
-	token chan struct{} // held by the goroutine polling the CQ
+	turns turns.Turns // the goroutine polling the CQ holds the role
 	cids  chan uint16
 	rslot chan int
 	wcs   []nprdma.WC // leader only
@@ -104,23 +105,22 @@ type HostQueue struct {
 	closed    chan struct{}
 }
 
+// call is a command or READ slot; its wait state is guarded by q.mu.
 type call struct {
-	done      chan struct{} // one signal per completion
-	finished  atomic.Bool
-	abandoned bool // under q.mu: the submitter gave up waiting
-	cqe       nvme.Completion
-	err       error
-	capsule   *nprdma.Buffer
-	data      *nprdma.Buffer // a pool buffer of the queue's (copy mode)
-	st        nprdma.Status  // READ completions
-	scratch   []byte         // inline capsule bytes (command slots only)
+	turns.Slot
+	cqe     nvme.Completion
+	err     error
+	capsule *nprdma.Buffer
+	data    *nprdma.Buffer // a pool buffer of the queue's (copy mode)
+	st      nprdma.Status  // READ completions
+	scratch []byte         // inline capsule bytes (command slots only)
 }
 
 // newIdleCall returns a call slot that is not in use: finished, so that a
 // failing queue skips it.
 func newIdleCall() *call {
-	c := &call{done: make(chan struct{}, 1)}
-	c.finished.Store(true)
+	c := &call{}
+	c.Init()
 	return c
 }
 
@@ -211,7 +211,7 @@ func Dial(ctx context.Context, pd *nprdma.PD, addr string, qc QueueConfig, opts 
 	if n := int(acc.CRQSIZE); n >= 1 && n < q.entries {
 		q.entries = n // the controller holds fewer capsules than asked
 	}
-	q.token = make(chan struct{}, 1)
+	q.turns = turns.New()
 	q.cids = make(chan uint16, q.entries)
 	q.calls = make([]*call, q.entries)
 	for i := 0; i < q.entries; i++ {
@@ -412,8 +412,7 @@ func (q *HostQueue) submit(ctx context.Context, cmd nvme.Command, icd []byte, da
 		q.recycle(c, cid)
 		return nvme.Completion{}, err
 	}
-	c.finished.Store(false)
-	c.abandoned = false
+	c.StartLocked()
 	q.mu.Unlock()
 	if err := q.qp.PostSend(wr); err != nil {
 		q.mu.Lock()
@@ -424,7 +423,7 @@ func (q *HostQueue) submit(ctx context.Context, cmd nvme.Command, icd []byte, da
 	if !mayAbandon {
 		wctx = context.Background()
 	}
-	if err := q.wait(wctx, c); err != nil {
+	if err := q.turns.Wait(wctx, &c.Slot, &q.mu, (*leader)(q)); err != nil {
 		return nvme.Completion{}, err // abandoned: recycled when it completes
 	}
 	cqe, err := c.cqe, c.err
@@ -478,8 +477,7 @@ func (q *HostQueue) ReadRemote(ctx context.Context, buf *nprdma.Buffer, off, n i
 		q.rslot <- slot
 		return err
 	}
-	c.finished.Store(false)
-	c.abandoned = false
+	c.StartLocked()
 	q.mu.Unlock()
 	sge := buf.SGE()
 	sge.Addr += uint64(off)
@@ -490,7 +488,7 @@ func (q *HostQueue) ReadRemote(ctx context.Context, buf *nprdma.Buffer, off, n i
 		q.finishLocked(c, fmt.Errorf("queue %d to %s: %w: %w", q.qid, q.addr, ErrQueueFailed, err))
 		q.mu.Unlock()
 	}
-	if err := q.wait(context.Background(), c); err != nil {
+	if err := q.turns.Wait(context.Background(), &c.Slot, &q.mu, (*leader)(q)); err != nil {
 		return err
 	}
 	err := c.err
@@ -546,8 +544,7 @@ func (q *HostQueue) ReadRemoteBatch(ctx context.Context, buf *nprdma.Buffer, rea
 		q.rslot <- slot
 		return err
 	}
-	c.finished.Store(false)
-	c.abandoned = false
+	c.StartLocked()
 	q.mu.Unlock()
 	// Only the last READ is signaled: RC completes them in order, and an
 	// error completes whichever failed (the queue pair fails with it).
@@ -569,7 +566,7 @@ func (q *HostQueue) ReadRemoteBatch(ctx context.Context, buf *nprdma.Buffer, rea
 		q.mu.Unlock()
 		break
 	}
-	if err := q.wait(context.Background(), c); err != nil {
+	if err := q.turns.Wait(context.Background(), &c.Slot, &q.mu, (*leader)(q)); err != nil {
 		return err
 	}
 	err := c.err
@@ -590,43 +587,13 @@ func (q *HostQueue) qpErr() error {
 	}
 }
 
-// wait waits for c: it either is woken by the leader that delivered c's
-// completion, or becomes the leader and polls the CQ itself until c is
-// done. A nil error means c finished (c.cqe/c.err hold the outcome).
-func (q *HostQueue) wait(ctx context.Context, c *call) error {
-	for {
-		select {
-		case <-c.done:
-			return nil
-		case q.token <- struct{}{}:
-			err := q.lead(ctx, c)
-			<-q.token
-			if err != nil {
-				return q.abandon(c, err)
-			}
-			<-c.done // sent by whoever finished c
-			return nil
-		case <-ctx.Done():
-			return q.abandon(c, ctx.Err())
-		}
-	}
-}
+// leader is the queue as it leads (turns.Leader).
+type leader HostQueue
 
-// abandon gives up waiting for c; if it finished meanwhile the outcome is
-// taken after all.
-func (q *HostQueue) abandon(c *call, err error) error {
-	q.mu.Lock()
-	if c.finished.Load() {
-		q.mu.Unlock()
-		<-c.done
-		return nil
-	}
-	c.abandoned = true
-	q.mu.Unlock()
-	return err
-}
-
-func (q *HostQueue) lead(ctx context.Context, c *call) error {
+// Lead polls the completion queue and dispatches what it finds until s is
+// finished, the queue fails (s is then finished too) or ctx ends.
+func (l *leader) Lead(ctx context.Context, s *turns.Slot) error {
+	q := (*HostQueue)(l)
 	wctx := q.ctx
 	if ctx.Done() != nil {
 		var cancel context.CancelFunc
@@ -634,16 +601,16 @@ func (q *HostQueue) lead(ctx context.Context, c *call) error {
 		defer context.AfterFunc(ctx, cancel)()
 		defer cancel()
 	}
-	for !c.finished.Load() {
+	for !s.Finished() {
 		n, err := q.cq.Wait(wctx, q.wcs)
 		for i := 0; i < n; i++ {
 			q.dispatch(&q.wcs[i])
 		}
-		if err != nil && !c.finished.Load() {
+		if err != nil && !s.Finished() {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			// The queue failed: fail completes every call, c included.
+			// The queue failed: fail completes every call, s's included.
 			q.fail(fmt.Errorf("queue %d to %s: %w: %w", q.qid, q.addr, ErrQueueFailed, err))
 		}
 	}
@@ -668,7 +635,7 @@ func (q *HostQueue) dispatch(wc *nprdma.WC) {
 		}
 		q.mu.Lock()
 		c := q.calls[cqe.CID]
-		if !c.finished.Load() && q.failed == nil {
+		if !c.Finished() && q.failed == nil {
 			c.cqe = cqe
 			q.finishLocked(c, nil)
 		}
@@ -679,7 +646,7 @@ func (q *HostQueue) dispatch(wc *nprdma.WC) {
 		}
 		q.mu.Lock()
 		c := q.reads[idx]
-		if !c.finished.Load() {
+		if !c.Finished() {
 			c.st = wc.Status
 			q.finishLocked(c, nil)
 		}
@@ -698,20 +665,16 @@ func (q *HostQueue) dispatch(wc *nprdma.WC) {
 // call is recycled here instead. Calls that are idle (not submitted) are
 // skipped: they are finished already.
 func (q *HostQueue) finishLocked(c *call, err error) {
-	if c.finished.Load() {
+	if c.Finished() {
 		return
 	}
 	c.err = err
-	c.finished.Store(true)
-	if c.abandoned {
+	if c.FinishLocked() {
 		q.recycleAbandonedLocked(c)
-		return
 	}
-	c.done <- struct{}{}
 }
 
 func (q *HostQueue) recycleAbandonedLocked(c *call) {
-	c.abandoned = false
 	if c.capsule != nil {
 		c.capsule.Release()
 		c.capsule = nil

@@ -27,7 +27,10 @@ func experiments() []bench.Spec {
 		npbench.NPReadSpec(),
 		e2ebench.CapacitySpec(bins),
 		e2ebench.E2ESpec(bins),
+		e2ebench.NVMeTCPSpec(bins),
 		npbench.PoolSpec(),
 		e2ebench.StartupSpec(bins),
+		e2ebench.SHMSpec(bins),
+		e2ebench.GuestNVMeTCPSpec(bins),
 	}
 }

@@ -1,0 +1,253 @@
+// Package nvmetcptest is a minimal NVMe/TCP host for tests: raw PDUs over
+// a socket, one command at a time, sending what a Linux host sends (PSDT
+// 01b, SGL 0x5A for data moved in PDUs, 0x01 for in-capsule data, Fabrics
+// commands' data in the capsule). Tests drive a controller with it,
+// including with PDUs no host should send (Raw, Conn).
+package nvmetcptest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/nprdma/nprdma/nvme"
+	"github.com/nprdma/nprdma/nvme/tcp"
+)
+
+// Host is one NVMe/TCP connection (one queue) of a test host.
+type Host struct {
+	Conn net.Conn
+	R    *tcp.Reader
+	W    *tcp.Writer
+	// Resp is the controller's ICResp.
+	Resp tcp.ICResp
+	// ICD is the in-capsule data limit used for writes (0: every write by
+	// R2T); Fabrics commands always go in the capsule, as Linux sends them.
+	ICD int
+	cid uint16
+}
+
+// Timeout bounds every wait of a Host.
+const Timeout = 10 * time.Second
+
+// Dial connects to addr and exchanges ICReq/ICResp asking for digests.
+func Dial(t testing.TB, addr string, digests tcp.Digests) *Host {
+	t.Helper()
+	h, err := DialErr(addr, digests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Conn.Close() })
+	return h
+}
+
+// DialErr is Dial returning its error.
+func DialErr(addr string, digests tcp.Digests) (*Host, error) {
+	conn, err := net.DialTimeout("tcp", addr, Timeout)
+	if err != nil {
+		return nil, err
+	}
+	h := &Host{Conn: conn, R: tcp.NewReader(conn, tcp.RoleHost), W: tcp.NewWriter(conn), ICD: 8192}
+	conn.SetDeadline(time.Now().Add(Timeout))
+	h.W.ICReq(&tcp.ICReq{Digests: digests})
+	if err := h.W.Flush(); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	p, err := h.R.Next()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("ICResp: %w", err)
+	}
+	if err := h.Resp.Unmarshal(p.Bytes()); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if err := h.Resp.Check(p.Bytes(), digests); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	h.R.Negotiated(digests, 0, tcp.Limits{MaxC2HData: 16 << 20})
+	h.W.Negotiated(digests, h.Resp.CPDA)
+	conn.SetDeadline(time.Time{})
+	return h, nil
+}
+
+// Connect sends a Fabrics Connect for queue qid of sqsize+1 entries (KATO
+// 5 s on the admin queue, 0xFFFF as CNTLID there) and returns the
+// completion.
+func (h *Host) Connect(t testing.TB, qid, sqsize uint16, subNQN, hostNQN string, cntlid uint16) nvme.Completion {
+	t.Helper()
+	var kato uint32
+	if qid == 0 {
+		kato, cntlid = 5000, nvme.DynamicControllerID
+	}
+	d := nvme.ConnectData{HostID: nvme.UUID{1, 2, 3}, CNTLID: cntlid, SubNQN: subNQN, HostNQN: hostNQN}
+	data, err := d.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := nvme.ConnectCommand(nvme.ConnectParams{QID: qid, SQSIZE: sqsize, KATO: kato}, nvme.InCapsuleSGL(0, uint32(len(data))))
+	c, err := h.Exec(cmd, data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Exec sends cmd and waits for its completion: out is the data it writes
+// (in the capsule up to ICD bytes, and always for Fabrics commands; else
+// sent when the controller's R2Ts ask for it), in receives the data it
+// reads (C2HData). Its CID and SGL are set here. A completion with an error
+// status is not an error of Exec: the status is in the completion.
+func (h *Host) Exec(cmd nvme.Command, out, in []byte) (nvme.Completion, error) {
+	h.cid++
+	cmd.CID = h.cid
+	cmd.Flags = nvme.FlagsSGL
+	var icd []byte
+	switch {
+	case len(out) > 0 && (len(out) <= h.ICD || cmd.IsFabrics()):
+		icd = out
+		cmd.DPTR = nvme.InCapsuleSGL(0, uint32(len(out)))
+	case len(out) > 0:
+		cmd.DPTR = nvme.TransportSGL(uint32(len(out)))
+	default:
+		cmd.DPTR = nvme.TransportSGL(uint32(len(in)))
+	}
+	h.Conn.SetDeadline(time.Now().Add(Timeout))
+	defer h.Conn.SetDeadline(time.Time{})
+	h.W.CapsuleCmd(&cmd, icd)
+	if err := h.W.Flush(); err != nil {
+		return nvme.Completion{}, err
+	}
+	return h.Await(cmd.CID, out, in)
+}
+
+// Await reads PDUs until the completion of command cid: it answers R2Ts
+// with out, places C2HData in in, and takes a C2HData with SUCCESS for a
+// successful completion. A termination request is an error wrapping
+// tcp.ErrTermReq.
+func (h *Host) Await(cid uint16, out, in []byte) (nvme.Completion, error) {
+	got := 0
+	for {
+		p, err := h.R.Next()
+		if err != nil {
+			return nvme.Completion{}, err
+		}
+		switch p.Type {
+		case tcp.TypeCapsuleResp:
+			c, _ := tcp.ParseCapsuleResp(p.Bytes())
+			if c.CID != cid {
+				return c, fmt.Errorf("completion of CID %d while waiting for %d", c.CID, cid)
+			}
+			if c.Status.OK() && got != len(in) {
+				return c, fmt.Errorf("%d of %d bytes of data before the completion", got, len(in))
+			}
+			return c, nil
+		case tcp.TypeC2HData:
+			var d tcp.DataHeader
+			_ = d.Unmarshal(p.Bytes())
+			if d.CCCID != cid || int(d.DATAO) != got || int(d.DATAO)+int(d.DATAL) > len(in) {
+				return nvme.Completion{}, fmt.Errorf("C2HData %+v for CID %d after %d bytes of %d", d, cid, got, len(in))
+			}
+			if err := h.R.ReadData(in[d.DATAO : d.DATAO+d.DATAL]); err != nil {
+				return nvme.Completion{}, err
+			}
+			got += int(d.DATAL)
+			if d.Success {
+				return nvme.Completion{CID: cid, SQHD: 0xffff}, nil
+			}
+		case tcp.TypeR2T:
+			var r tcp.R2T
+			_ = r.Unmarshal(p.Bytes())
+			if r.CCCID != cid || uint64(r.R2TO)+uint64(r.R2TL) > uint64(len(out)) {
+				return nvme.Completion{}, fmt.Errorf("R2T %+v for CID %d with %d bytes to write", r, cid, len(out))
+			}
+			for off := r.R2TO; off < r.R2TO+r.R2TL; {
+				n := min(r.R2TO+r.R2TL-off, h.Resp.MAXH2CDATA)
+				d := tcp.DataHeader{CCCID: cid, TTAG: r.TTAG, DATAO: off, Last: off+n == r.R2TO+r.R2TL}
+				h.W.H2CData(&d, out[off:off+n])
+				off += n
+			}
+			if err := h.W.Flush(); err != nil {
+				return nvme.Completion{}, err
+			}
+		case tcp.TypeC2HTermReq:
+			data := make([]byte, p.DataLen)
+			_ = h.R.ReadData(data)
+			var tr tcp.TermReq
+			_ = tr.Unmarshal(p.Bytes(), data)
+			return nvme.Completion{}, &TermReqError{TermReq: tr}
+		}
+	}
+}
+
+// TermReqError is the C2HTermReq a controller sent.
+type TermReqError struct{ TermReq tcp.TermReq }
+
+func (e *TermReqError) Error() string { return "C2HTermReq: " + e.TermReq.String() }
+func (e *TermReqError) Unwrap() error { return tcp.ErrTermReq }
+
+// Raw sends b as it is.
+func (h *Host) Raw(b []byte) error {
+	h.Conn.SetWriteDeadline(time.Now().Add(Timeout))
+	_, err := h.Conn.Write(b)
+	return err
+}
+
+// ExpectTermReq reads, skipping any other PDU, until the controller's
+// C2HTermReq and then the end of the connection, and returns the request.
+func (h *Host) ExpectTermReq(t testing.TB) tcp.TermReq {
+	t.Helper()
+	h.Conn.SetReadDeadline(time.Now().Add(Timeout))
+	for {
+		p, err := h.R.Next()
+		if err != nil {
+			t.Fatalf("want a C2HTermReq, got %v", err)
+		}
+		if p.Type != tcp.TypeC2HTermReq {
+			continue
+		}
+		data := make([]byte, p.DataLen)
+		if err := h.R.ReadData(data); err != nil {
+			t.Fatal(err)
+		}
+		var tr tcp.TermReq
+		if err := tr.Unmarshal(p.Bytes(), data); err != nil {
+			t.Fatal(err)
+		}
+		h.ExpectClosed(t)
+		return tr
+	}
+}
+
+// ExpectClosed waits for the controller to close the connection.
+func (h *Host) ExpectClosed(t testing.TB) {
+	t.Helper()
+	h.Conn.SetReadDeadline(time.Now().Add(Timeout))
+	var b [512]byte
+	for {
+		_, err := h.Conn.Read(b[:])
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("the controller kept the connection open")
+		}
+		return
+	}
+}
+
+// Encode returns what w's PDUs encode to with the host's digests.
+func (h *Host) Encode(f func(w *tcp.Writer)) []byte {
+	var buf bytes.Buffer
+	w := tcp.NewWriter(&buf)
+	w.Negotiated(h.Resp.Digests, h.Resp.CPDA)
+	f(w)
+	_ = w.Flush()
+	return buf.Bytes()
+}
