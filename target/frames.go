@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/nprdma/nprdma/nprdma"
@@ -81,6 +82,7 @@ type frameMirror struct {
 	seed    uint64
 	tableAt int    // offset of the table in mem
 	blocks  uint64 // of the namespace
+	regTime time.Duration
 
 	stripes [mirrorStripes]struct {
 		mu  sync.Mutex
@@ -125,10 +127,12 @@ func newFrameMirror(pd *nprdma.PD, mem int64, blocks uint64) (*frameMirror, erro
 	if m.mem, err = nprdma.AllocBuffer(m.tableAt + int(buckets)*nvme.FrameBucketSize); err != nil {
 		return nil, fmt.Errorf("frames: %w", err)
 	}
+	start := time.Now()
 	if m.mr, err = pd.Register(m.mem, nprdma.AccessRemoteRead); err != nil {
 		nprdma.FreeBuffer(m.mem)
 		return nil, fmt.Errorf("frames: %w", err)
 	}
+	m.regTime = time.Since(start)
 	return m, nil
 }
 
@@ -385,6 +389,9 @@ type FrameStats struct {
 	Installs      uint64
 	Invalidations uint64 // frames emptied because their block changed
 	Evictions     uint64 // frames taken for another block
+	// RegisterTime is how long registering the frames and the table took
+	// (pinning them, on a hardware NIC), once, when the namespace was added.
+	RegisterTime time.Duration
 }
 
 // FrameStats returns the namespace's frame counters.
@@ -394,7 +401,7 @@ func (n *Namespace) FrameStats() FrameStats {
 		return FrameStats{}
 	}
 	return FrameStats{Frames: int(m.frames), PinnedBytes: m.pinnedBytes(), Installs: m.installs.Load(),
-		Invalidations: m.invalidations.Load(), Evictions: m.evictions.Load()}
+		Invalidations: m.invalidations.Load(), Evictions: m.evictions.Load(), RegisterTime: m.regTime}
 }
 
 // frameCollector exports the namespaces' frame counters at scrape time:

@@ -448,6 +448,8 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 			return fail(err)
 		}
 		n.mirror, n.store = m, &mirroredStore{store: region, m: m}
+		t.log.Info("target: frames registered", "subsystem", s.nqn, "nsid", nsid, "frames", m.frames,
+			"bytes", m.pinnedBytes(), "took", m.regTime, "namespace", size)
 	}
 	s.mu.Lock()
 	s.ns[nsid] = n

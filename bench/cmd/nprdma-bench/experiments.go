@@ -32,5 +32,6 @@ func experiments() []bench.Spec {
 		e2ebench.StartupSpec(bins),
 		e2ebench.SHMSpec(bins),
 		e2ebench.GuestNVMeTCPSpec(bins),
+		e2ebench.GuestVerbsSpec(bins),
 	}
 }
