@@ -44,6 +44,7 @@ func ParsePolicy(s string) (Policy, error) {
 
 type config struct {
 	size             int64 // 0: the device size
+	maxSize          int64 // 0: size (no growth)
 	budget           int64 // bytes; 0: default
 	policy           Policy
 	dirtyLimit       int // pages; 0: default
@@ -78,12 +79,19 @@ type Option func(*config)
 
 // WithBudget sets the DRAM budget in bytes: the explicit API never holds more
 // than budget/PageSize pages resident. Default: a quarter of the region, at
-// least 16 pages; a budget above the region size is clamped to it.
+// least 16 pages; a budget above the region's maximum size (WithMaxSize) is
+// clamped to it.
 func WithBudget(bytes int64) Option { return func(c *config) { c.budget = bytes } }
 
 // WithSize sets the region size in bytes (a positive multiple of PageSize, at
 // most the device size). Default: the device size rounded down to PageSize.
 func WithSize(bytes int64) Option { return func(c *config) { c.size = bytes } }
+
+// WithMaxSize reserves address space (the mapping and its state table, both
+// NORESERVE: nothing is committed) for the region to Grow to bytes (a
+// multiple of PageSize) while it is in use. Default: the region's size, so
+// that it cannot grow.
+func WithMaxSize(bytes int64) Option { return func(c *config) { c.maxSize = bytes } }
 
 // WithPolicy selects the eviction policy (default DefaultPolicy).
 func WithPolicy(p Policy) Option { return func(c *config) { c.policy = p } }

@@ -27,7 +27,8 @@ type sharedFiles struct {
 	access                []uint64 // one bit per page
 }
 
-// open creates the memory files of a region of npages pages.
+// open creates the memory files of a region of up to npages pages (its
+// MaxSize: the files stay sparse where nothing was written).
 func (sf *sharedFiles) open(npages int64) error {
 	mk := func(name string, size int64, mode uint32) (*os.File, error) {
 		fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)

@@ -28,6 +28,7 @@ func TestShareable(t *testing.T) {
 		"RawFaultPoisonsInsteadOfLying":    TestRawFaultWithFailingReadPoisonsInsteadOfLying,
 		"SeqlockReadersSeeWholeVersions":   TestSeqlockReadersSeeWholeVersions,
 		"HolesFaultMinorAndDataMajor":      TestHolesFaultMinorAndDataFaultsMajor,
+		"GrowWhileInUse":                   TestGrowWhileInUse,
 	} {
 		t.Run(name, fn)
 	}

@@ -81,8 +81,7 @@ type frameMirror struct {
 	frames  uint32
 	buckets uint32
 	seed    uint64
-	tableAt int    // offset of the table in mem
-	blocks  uint64 // of the namespace
+	tableAt int // offset of the table in mem
 	regTime time.Duration
 
 	stripes [mirrorStripes]struct {
@@ -113,13 +112,14 @@ func framesFor(mem int64) (frames, buckets uint32) {
 }
 
 // newFrameMirror allocates and registers (pinned, read-only for peers) the
-// frames of mem bytes of a namespace of blocks blocks.
+// frames of mem bytes of a namespace of at most blocks blocks (its max
+// size: it may grow while served).
 func newFrameMirror(pd *nprdma.PD, mem int64, blocks uint64) (*frameMirror, error) {
 	if blocks > nvme.MaxFrameBlock {
 		return nil, fmt.Errorf("frames: %d blocks, a frame table names at most %d", blocks, uint64(nvme.MaxFrameBlock))
 	}
 	frames, buckets := framesFor(mem)
-	m := &frameMirror{frames: frames, buckets: buckets, blocks: blocks, tableAt: int(frames) * frameSize,
+	m := &frameMirror{frames: frames, buckets: buckets, tableAt: int(frames) * frameSize,
 		at: map[uint64]uint32{}, owner: make([]uint64, frames), busy: make([]bool, frames)}
 	var seed [8]byte
 	rand.Read(seed[:])

@@ -80,6 +80,7 @@ type config struct {
 	busyPoll       time.Duration
 	fenceTimeout   time.Duration
 	metaProbe      time.Duration
+	manage         manageConfig // manage.go
 }
 
 // WithProvider sets the nprdma provider the target's software NIC runs on
@@ -230,6 +231,8 @@ type Target struct {
 	inflight sync.WaitGroup // commands executing (not parked AERs)
 	tags     atomic.Uint64
 	genCtr   atomic.Uint64 // discovery log generation
+
+	manageMu sync.Mutex // orders the management operations (manage.go)
 }
 
 // New creates a target. Add subsystems and namespaces, then Start it.

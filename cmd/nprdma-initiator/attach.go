@@ -260,6 +260,9 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 			case <-a.ns.LossReported():
 				a.notePossiblyLost()
 				continue
+			case <-a.ns.Resized():
+				a.noteResized()
+				continue
 			}
 		}
 		mode := "detaching"

@@ -16,7 +16,7 @@ import (
 )
 
 func main() {
-	if err := newApp().Run(os.Args); err != nil {
+	if err := newApp().Run(interspersed(os.Args)); err != nil {
 		fmt.Fprintln(os.Stderr, "nprdma-target:", err)
 		os.Exit(1)
 	}
@@ -68,8 +68,9 @@ func newApp() *cli.App {
 			&cli.DurationFlag{Name: "fence-timeout", Value: target.DefaultFenceTimeout, Usage: "after a host's connection is lost, how long its new writes wait for an old write of the lost queue still changing the same blocks before failing with Namespace Not Ready (a status hosts retry)"},
 			&cli.DurationFlag{Name: "shutdown-timeout", Value: 0, Usage: "bound on the whole stop after SIGTERM: commands in flight are waited for at most half of it, the rest is for flushing the namespaces and closing the metadata store; whatever has not finished by then is reported and the exit status is 1 (0: 30s)"},
 			&cli.DurationFlag{Name: "metadata-probe-interval", Value: target.DefaultMetadataProbeInterval, Usage: "how often the metadata store's directory under --data-dir is probed (a small file rewritten and synced) while nothing is written to it, so that a directory removed, read-only or failing shows on /healthz and in nprdma_target_metadata_healthy (0: only before each metadata write)"},
-		}, limitCLIFlags()...),
+		}, append(limitCLIFlags(), manageCLIFlags()...)...),
 		HideHelpCommand: true,
 		Action:          serve,
+		Commands:        []*cli.Command{ctlCommand()},
 	}
 }
