@@ -7,7 +7,14 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/nprdma/nprdma/nprdma/link"
 )
+
+// Provider is a transport of the software NIC (nprdma/tcp, nprdma/loop,
+// nprdma/shm), defined with everything else a provider implements in
+// nprdma/link: the name here is for the applications that choose one.
+type Provider = link.Provider
 
 // Device is an RDMA device: the factory of protection domains, completion
 // queues and listeners. It runs on a DeviceDriver: the software NIC of this
@@ -16,7 +23,7 @@ type Device struct {
 	drv       DeviceDriver
 	name      string
 	caps      Caps
-	prov      Provider // the software NIC's provider; nil on hardware
+	prov      link.Provider // the software NIC's provider; nil on hardware
 	suspected atomic.Uint64
 }
 
@@ -39,7 +46,7 @@ func WithName(name string) DeviceOption { return func(c *deviceConfig) { c.name 
 func WithPinning(pin bool) DeviceOption { return func(c *deviceConfig) { c.pin = pin } }
 
 // NewDevice opens the software NIC on provider p.
-func NewDevice(p Provider, opts ...DeviceOption) *Device {
+func NewDevice(p link.Provider, opts ...DeviceOption) *Device {
 	cfg := deviceConfig{name: p.Name(), pin: true}
 	for _, o := range opts {
 		o(&cfg)
@@ -68,7 +75,7 @@ func (d *Device) Caps() Caps { return d.caps }
 func (d *Device) Driver() DeviceDriver { return d.drv }
 
 // Provider is the transport the software NIC runs on (nil for hardware).
-func (d *Device) Provider() Provider { return d.prov }
+func (d *Device) Provider() link.Provider { return d.prov }
 
 // Stats returns a snapshot of the device's counters.
 func (d *Device) Stats() Stats {

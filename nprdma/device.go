@@ -7,13 +7,15 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // softDevice is the software NIC: a DeviceDriver on top of a Provider, the
 // factory of protection domains, completion queues and listeners, and the
 // owner of the key tables its NIC engine validates remote access against.
 type softDevice struct {
-	prov Provider
+	prov link.Provider
 	name string
 	pin  bool
 
@@ -39,7 +41,7 @@ type softDevice struct {
 var deviceIDs atomic.Uint64
 
 // newSoftDevice opens the software NIC on provider p.
-func newSoftDevice(p Provider, name string, pin bool) *softDevice {
+func newSoftDevice(p link.Provider, name string, pin bool) *softDevice {
 	d := &softDevice{
 		prov:      p,
 		name:      name,
@@ -172,7 +174,7 @@ func (d *softDevice) removeQP(qp *softQP) {
 // softListener accepts connection requests.
 type softListener struct {
 	dev *softDevice
-	ll  LinkListener
+	ll  link.Listener
 }
 
 // Accept waits for the next connection request.
@@ -199,7 +201,7 @@ func (l *softListener) Close() error {
 // or Reject.
 type softConnRequest struct {
 	dev      *softDevice
-	req      LinkRequest
+	req      link.Request
 	answered atomic.Bool
 }
 
@@ -229,12 +231,12 @@ func (r *softConnRequest) Accept(q QPDriver, privateData []byte) error {
 		r.req.Reject(nil)
 		return err
 	}
-	link, err := r.req.Accept(Hello{QPNum: qp.num, PrivateData: privateData})
+	lk, err := r.req.Accept(link.Hello{QPNum: qp.num, PrivateData: privateData})
 	if err != nil {
 		qp.connectFailed()
 		return fmt.Errorf("nprdma: accept connection from %s on qp %d: %w", r.RemoteAddr(), qp.num, err)
 	}
-	return qp.establish(link, r.req.Hello().QPNum)
+	return qp.establish(lk, r.req.Hello().QPNum)
 }
 
 // Reject refuses the request; the peer's Connect returns a *RejectError with

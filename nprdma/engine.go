@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"sync"
+
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // This file is the NIC engine's data side: serving a READ the responder has
@@ -64,7 +66,7 @@ func (qp *softQP) serveRead(seq uint32, mr *softMR, off, n int) {
 			rs.refs = append(rs.refs[:0], mr.buf[off:off+n])
 			data = rs.refs[:1]
 		}
-		qp.respond(Packet{Header: Header{Kind: PacketReadResponse, Seq: seq, Len: uint32(n), Last: true}, Data: data})
+		qp.respond(link.Packet{Header: link.Header{Kind: link.PacketReadResponse, Seq: seq, Len: uint32(n), Last: true}, Data: data})
 		clear(rs.refs)
 		if n >= flushAfter {
 			qp.link.Flush()
@@ -87,7 +89,7 @@ func (qp *softQP) serveUnpinnedRead(seq uint32, mr *softMR, off, n int) {
 	qp.dev.ctr.unpinnedPagesRead.Add(uint64((off+n-1)/ps - off/ps + 1))
 	if qp.copyAtDelivery {
 		src := getUnpinnedSource(qp.dev, mr, off, n)
-		p := Packet{Header: Header{Kind: PacketReadResponse, Seq: seq, Len: uint32(n), Last: true}, Src: src, Buf: src}
+		p := link.Packet{Header: link.Header{Kind: link.PacketReadResponse, Seq: seq, Len: uint32(n), Last: true}, Src: src, Buf: src}
 		qp.respond(p)
 		if n >= flushAfter {
 			qp.link.Flush()
@@ -129,8 +131,8 @@ func (qp *softQP) serveUnpinnedRead(seq uint32, mr *softMR, off, n int) {
 		refs = append(refs, nil)
 	}
 	for i, r := range runs {
-		h := Header{Kind: PacketReadResponse, Seq: seq, Offset: uint32(r.a - off), Len: uint32(r.b - r.a)}
-		p := Packet{Header: h}
+		h := link.Header{Kind: link.PacketReadResponse, Seq: seq, Offset: uint32(r.a - off), Len: uint32(r.b - r.a)}
+		p := link.Packet{Header: h}
 		if r.good {
 			refs[i] = r.stg.b[r.a-r.base : r.b-r.base]
 			p.Data = refs[i : i+1 : i+1]
@@ -289,16 +291,7 @@ func copyOrClear(dst, src []byte, zero bool) {
 
 // fillPhase fills dst with pattern's bytes starting at phase j: dst[i] is
 // byte (j+i)%8 of pattern in little-endian order.
-func fillPhase(dst []byte, pattern uint64, j int) {
-	p := bits.RotateLeft64(pattern, -8*(j%8))
-	i := 0
-	for ; i+8 <= len(dst); i += 8 {
-		binary.LittleEndian.PutUint64(dst[i:], p)
-	}
-	for k := 0; i < len(dst); i, k = i+1, k+1 {
-		dst[i] = byte(p >> (8 * k))
-	}
-}
+func fillPhase(dst []byte, pattern uint64, j int) { link.FillMagic(dst, pattern, j) }
 
 // matchPhase reports whether b equals the pattern filled from phase j.
 func matchPhase(b []byte, pattern uint64, j int) bool {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // Defaults for zero fields of QPConfig (api.go).
@@ -39,7 +41,7 @@ type softQP struct {
 
 	ctl         sync.Mutex // state transitions and the link
 	state       atomic.Int32
-	link        Link
+	link        link.Link
 	linkClosing bool
 	remoteNum   uint32
 	err         error
@@ -60,8 +62,8 @@ type softQP struct {
 	driver         atomic.Pointer[driverRef] // the link, if a waiter may receive on it
 	// localReader and sharer are the link, if it implements them (set
 	// before the QP enters RTS, never changed).
-	localReader LocalReader
-	sharer      RegionSharer
+	localReader link.LocalReader
+	sharer      link.RegionSharer
 	shares      regionShares // regions offered to the peer (see share.go)
 
 	lastRx   atomic.Int64 // nanotime of the last packet from the peer
@@ -70,7 +72,7 @@ type softQP struct {
 }
 
 // driverRef holds a link that implements Driver.
-type driverRef struct{ Driver }
+type driverRef struct{ link.Driver }
 
 type sendQueue struct {
 	mu         sync.Mutex
@@ -85,7 +87,7 @@ type sendQueue struct {
 	rnrWait    bool   // waiting RNRTimeout before retransmitting
 	timerArmed bool
 	busySince  int64
-	pkts       []Packet
+	pkts       []link.Packet
 	wcs        []WC
 }
 
@@ -129,7 +131,7 @@ type responder struct {
 	expected uint32 // sequence number of the next request
 	lastSend uint32 // length of the last SEND received (the next one's guess)
 	nakMode  bool   // an RNR NAK was sent: drop requests until expected returns
-	pkts     []Packet
+	pkts     []link.Packet
 	refs     [][]byte
 	runs     []readRun
 }
@@ -254,7 +256,7 @@ func (qp *softQP) Connect(ctx context.Context, addr string, privateData []byte) 
 	if err := qp.beginConnect(); err != nil {
 		return nil, err
 	}
-	link, hello, err := qp.dev.prov.Dial(ctx, addr, Hello{QPNum: qp.num, PrivateData: privateData})
+	lk, hello, err := qp.dev.prov.Dial(ctx, addr, link.Hello{QPNum: qp.num, PrivateData: privateData})
 	if err != nil {
 		qp.connectFailed()
 		var rej *RejectError
@@ -263,7 +265,7 @@ func (qp *softQP) Connect(ctx context.Context, addr string, privateData []byte) 
 		}
 		return nil, fmt.Errorf("nprdma: connect qp %d to %s: %w", qp.num, addr, err)
 	}
-	if err := qp.establish(link, hello.QPNum); err != nil {
+	if err := qp.establish(lk, hello.QPNum); err != nil {
 		return nil, err
 	}
 	return hello.PrivateData, nil
@@ -291,24 +293,24 @@ func (qp *softQP) connectFailed() {
 	qp.closeLinkDown()
 }
 
-func (qp *softQP) establish(link Link, remote uint32) error {
+func (qp *softQP) establish(lk link.Link, remote uint32) error {
 	qp.ctl.Lock()
 	if qp.State() != QPStateConnecting {
 		st := qp.State()
 		qp.ctl.Unlock()
-		link.Abort()
+		lk.Abort()
 		return fmt.Errorf("nprdma: qp %d became %s while connecting: %w", qp.num, st, ErrClosed)
 	}
-	qp.link = link
+	qp.link = lk
 	qp.remoteNum = remote
-	if d, ok := link.(Driver); ok {
+	if d, ok := lk.(link.Driver); ok {
 		qp.driver.Store(&driverRef{d})
 	}
-	_, qp.copyAtDelivery = link.(DeliveryCopier)
-	qp.localReader, _ = link.(LocalReader)
-	qp.sharer, _ = link.(RegionSharer)
+	_, qp.copyAtDelivery = lk.(link.DeliveryCopier)
+	qp.localReader, _ = lk.(link.LocalReader)
+	qp.sharer, _ = lk.(link.RegionSharer)
 	qp.state.Store(int32(QPStateRTS))
-	link.Start(qp)
+	lk.Start(qp)
 	qp.ctl.Unlock()
 	return nil
 }
@@ -334,20 +336,20 @@ func (qp *softQP) fail(cause error, abort bool) {
 	if st := qp.State(); st == QPStateRTS || st == QPStateConnecting || st == QPStateInit {
 		qp.setErrorLocked(fmt.Errorf("nprdma: qp %d: %w", qp.num, cause))
 	}
-	link := qp.link
+	lk := qp.link
 	first := !qp.linkClosing
 	qp.linkClosing = true
-	if link != nil && !abort && first {
-		qp.lingerTimer = time.AfterFunc(qp.linger, link.Abort)
+	if lk != nil && !abort && first {
+		qp.lingerTimer = time.AfterFunc(qp.linger, lk.Abort)
 	}
 	qp.ctl.Unlock()
-	if link == nil {
+	if lk == nil {
 		return
 	}
 	if abort {
-		link.Abort()
+		lk.Abort()
 	} else if first {
-		link.Close()
+		lk.Close()
 	}
 }
 
@@ -357,7 +359,7 @@ func (qp *softQP) fail(cause error, abort bool) {
 // StatusWRFlushed.
 func (qp *softQP) Disconnect() error {
 	qp.ctl.Lock()
-	st, link := qp.State(), qp.link
+	st, lk := qp.State(), qp.link
 	switch st {
 	case QPStateRTS:
 		// Enter the error state before the peer can hear of it: its answer
@@ -371,7 +373,7 @@ func (qp *softQP) Disconnect() error {
 		return fmt.Errorf("nprdma: disconnect qp %d: %w (state %s)", qp.num, ErrNotConnected, st)
 	}
 	qp.ctl.Unlock()
-	link.Send([]Packet{{Header: Header{Kind: PacketDisconnect}}})
+	lk.Send([]link.Packet{{Header: link.Header{Kind: link.PacketDisconnect}}})
 	qp.fail(ErrDisconnected, false)
 	return nil
 }
@@ -394,11 +396,11 @@ func (qp *softQP) Close() error {
 	default:
 		close(qp.done)
 	}
-	link := qp.link
+	lk := qp.link
 	qp.linkClosing = true
 	qp.ctl.Unlock()
-	if link != nil {
-		link.Abort()
+	if lk != nil {
+		lk.Abort()
 		<-qp.linkDown
 	} else {
 		qp.flushQueues(nil)
@@ -597,10 +599,10 @@ func (qp *softQP) PostSend(wrs ...SendWR) error {
 		qp.pushSendLocked()
 	}
 	qp.settleHeadLocked()
-	link := qp.link
+	lk := qp.link
 	sq.mu.Unlock()
 	if sent {
-		link.Flush()
+		lk.Flush()
 	}
 	return nil
 }
@@ -695,18 +697,18 @@ func (qp *softQP) transmitLocked() bool {
 	return true
 }
 
-func (rec *sendRecord) packet() Packet {
-	p := Packet{Header: Header{Seq: rec.seq, Len: rec.length}}
+func (rec *sendRecord) packet() link.Packet {
+	p := link.Packet{Header: link.Header{Seq: rec.seq, Len: rec.length}}
 	switch rec.op {
 	case OpSend, OpSendWithImm:
-		p.Kind = PacketSend
+		p.Kind = link.PacketSend
 		p.Data = rec.segs
 	case OpWrite, OpWriteWithImm:
-		p.Kind = PacketWrite
+		p.Kind = link.PacketWrite
 		p.RKey, p.Addr = rec.rkey, rec.raddr
 		p.Data = rec.segs
 	case OpRead:
-		p.Kind = PacketReadRequest
+		p.Kind = link.PacketReadRequest
 		p.RKey, p.Addr = rec.rkey, rec.raddr
 	}
 	if rec.op.hasImm() {
@@ -882,9 +884,9 @@ func (qp *softQP) onRNRTimer() {
 	}
 	sq.rnrWait = false
 	sent := qp.transmitLocked()
-	link := qp.link
+	lk := qp.link
 	sq.mu.Unlock()
 	if sent {
-		link.Flush()
+		lk.Flush()
 	}
 }

@@ -3,6 +3,8 @@ package nprdma
 import (
 	"fmt"
 	"time"
+
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // This file is the inbound half of a queue pair: the responder (requests
@@ -11,14 +13,14 @@ import (
 // packets on.
 
 // Deliver is called by the provider for each inbound packet.
-func (qp *softQP) Deliver(h *Header, p Payload) error {
+func (qp *softQP) Deliver(h *link.Header, p link.Payload) error {
 	raceAcquire()
 	err := qp.deliver(h, p)
 	raceRelease()
 	return err
 }
 
-func (qp *softQP) deliver(h *Header, p Payload) error {
+func (qp *softQP) deliver(h *link.Header, p link.Payload) error {
 	qp.lastRx.Store(nanotime())
 	if qp.State() != QPStateRTS {
 		// After a failure or a disconnect nothing executes any more.
@@ -30,19 +32,19 @@ func (qp *softQP) deliver(h *Header, p Payload) error {
 		}
 	}
 	switch h.Kind {
-	case PacketSend:
+	case link.PacketSend:
 		return qp.onSend(h, p)
-	case PacketWrite:
+	case link.PacketWrite:
 		return qp.onWrite(h, p)
-	case PacketReadRequest:
+	case link.PacketReadRequest:
 		return qp.onReadRequest(h, p)
-	case PacketReadResponse:
+	case link.PacketReadResponse:
 		return qp.onReadResponse(h, p)
-	case PacketAck:
+	case link.PacketAck:
 		return qp.onAck(h)
-	case PacketNak:
+	case link.PacketNak:
 		return qp.onNak(h)
-	case PacketDisconnect:
+	case link.PacketDisconnect:
 		qp.fail(ErrPeerDisconnected, false)
 		return nil
 	}
@@ -54,7 +56,7 @@ func (qp *softQP) deliver(h *Header, p Payload) error {
 // acknowledgement a request of ours already carried is not sent again.
 func (qp *softQP) Idle() {
 	if v := qp.takeAck(); v != 0 && qp.State() == QPStateRTS {
-		qp.respond(Packet{Header: Header{Kind: PacketAck, Seq: uint32(v)}})
+		qp.respond(link.Packet{Header: link.Header{Kind: link.PacketAck, Seq: uint32(v)}})
 	}
 	qp.link.Flush()
 }
@@ -87,14 +89,14 @@ func (qp *softQP) protocolError(format string, args ...any) error {
 	return err
 }
 
-func discard(p Payload, n int) error {
+func discard(p link.Payload, n int) error {
 	if n == 0 {
 		return nil
 	}
 	return p.Discard(n)
 }
 
-func (qp *softQP) respond(pkts ...Packet) {
+func (qp *softQP) respond(pkts ...link.Packet) {
 	qp.rs.pkts = append(qp.rs.pkts[:0], pkts...)
 	qp.link.Send(qp.rs.pkts)
 	clear(qp.rs.pkts)
@@ -103,7 +105,7 @@ func (qp *softQP) respond(pkts ...Packet) {
 // checkSeq accepts the request the responder expects. After an RNR NAK the
 // requester goes back to the NAKed request, so the requests it had sent
 // after it are dropped until it arrives again.
-func (qp *softQP) checkSeq(h *Header, p Payload) (bool, error) {
+func (qp *softQP) checkSeq(h *link.Header, p link.Payload) (bool, error) {
 	rs := &qp.rs
 	if h.Seq == rs.expected {
 		rs.nakMode = false
@@ -117,13 +119,13 @@ func (qp *softQP) checkSeq(h *Header, p Payload) (bool, error) {
 
 // nak refuses request seq. Every NAK but RNR is fatal for both queue pairs:
 // the NAK is sent, then the link closes gracefully.
-func (qp *softQP) nak(h *Header, p Payload, syn Syndrome, cause error) error {
+func (qp *softQP) nak(h *link.Header, p link.Payload, syn link.Syndrome, cause error) error {
 	qp.acknowledged() // a NAK acknowledges everything before it
-	qp.respond(Packet{Header: Header{Kind: PacketNak, Seq: h.Seq, Syndrome: syn}})
+	qp.respond(link.Packet{Header: link.Header{Kind: link.PacketNak, Seq: h.Seq, Syndrome: syn}})
 	if err := discard(p, h.PayloadLen()); err != nil {
 		return err
 	}
-	if syn == NakRNR {
+	if syn == link.NakRNR {
 		qp.rs.nakMode = true
 		qp.dev.ctr.rnrNaksSent.Add(1)
 		return nil
@@ -156,21 +158,21 @@ func (qp *softQP) completeRecv(wc WC) {
 	}
 }
 
-func (qp *softQP) onSend(h *Header, p Payload) error {
+func (qp *softQP) onSend(h *link.Header, p link.Payload) error {
 	if ok, err := qp.checkSeq(h, p); !ok {
 		return err
 	}
 	rec := qp.peekRecv()
 	if rec == nil {
-		return qp.nak(h, p, NakRNR, nil)
+		return qp.nak(h, p, link.NakRNR, nil)
 	}
 	if rec.err != StatusSuccess {
 		qp.completeRecv(WC{Status: rec.err, Op: OpRecv})
-		return qp.nak(h, p, NakRemoteOperation, fmt.Errorf("%w: receive buffer of a %d-byte SEND", ErrLocalProtection, h.Len))
+		return qp.nak(h, p, link.NakRemoteOperation, fmt.Errorf("%w: receive buffer of a %d-byte SEND", ErrLocalProtection, h.Len))
 	}
 	if uint64(h.Len) > rec.capacity {
 		qp.completeRecv(WC{Status: StatusLocalLength, Op: OpRecv})
-		return qp.nak(h, p, NakInvalidRequest, fmt.Errorf("%w: %d-byte SEND into %d bytes of receive buffers", ErrLocalLength, h.Len, rec.capacity))
+		return qp.nak(h, p, link.NakInvalidRequest, fmt.Errorf("%w: %d-byte SEND into %d bytes of receive buffers", ErrLocalLength, h.Len, rec.capacity))
 	}
 	if err := scatter(p, rec.segs, 0, int(h.Len)); err != nil {
 		return err
@@ -182,7 +184,7 @@ func (qp *softQP) onSend(h *Header, p Payload) error {
 	return nil
 }
 
-func (qp *softQP) onWrite(h *Header, p Payload) error {
+func (qp *softQP) onWrite(h *link.Header, p link.Payload) error {
 	if ok, err := qp.checkSeq(h, p); !ok {
 		return err
 	}
@@ -193,13 +195,13 @@ func (qp *softQP) onWrite(h *Header, p Payload) error {
 		mr, off, ok := qp.remoteRegion(h.RKey, h.Addr, h.Len, AccessRemoteWrite)
 		if !ok {
 			qp.dev.ctr.remoteAccessErrors.Add(1)
-			return qp.nak(h, p, NakRemoteAccess, fmt.Errorf("%w: peer's WRITE of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
+			return qp.nak(h, p, link.NakRemoteAccess, fmt.Errorf("%w: peer's WRITE of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
 		}
 		dst = mr.buf[off : off+int(h.Len)]
 	}
 	if h.HasImm && qp.peekRecv() == nil {
 		// WRITE_WITH_IMM consumes a receive: without one nothing is written.
-		return qp.nak(h, p, NakRNR, nil)
+		return qp.nak(h, p, link.NakRNR, nil)
 	}
 	if len(dst) > 0 {
 		if err := p.Read(dst); err != nil {
@@ -216,12 +218,12 @@ func (qp *softQP) onWrite(h *Header, p Payload) error {
 	return nil
 }
 
-func (qp *softQP) onReadRequest(h *Header, p Payload) error {
+func (qp *softQP) onReadRequest(h *link.Header, p link.Payload) error {
 	if ok, err := qp.checkSeq(h, p); !ok {
 		return err
 	}
 	if h.Len > MaxMessageSize {
-		return qp.nak(h, p, NakInvalidRequest, fmt.Errorf("%w: peer's READ of %d bytes exceeds %d", ErrRemoteRequest, h.Len, MaxMessageSize))
+		return qp.nak(h, p, link.NakInvalidRequest, fmt.Errorf("%w: peer's READ of %d bytes exceeds %d", ErrRemoteRequest, h.Len, MaxMessageSize))
 	}
 	var mr *softMR
 	var off int
@@ -236,7 +238,7 @@ func (qp *softQP) onReadRequest(h *Header, p Payload) error {
 		}
 		if !ok {
 			qp.dev.ctr.remoteAccessErrors.Add(1)
-			return qp.nak(h, p, NakRemoteAccess, fmt.Errorf("%w: peer's READ of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
+			return qp.nak(h, p, link.NakRemoteAccess, fmt.Errorf("%w: peer's READ of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
 		}
 	}
 	qp.acknowledged() // the response acknowledges everything before it
@@ -288,7 +290,7 @@ func (qp *softQP) completeLocalsLocked() {
 	}
 }
 
-func (qp *softQP) onAck(h *Header) error {
+func (qp *softQP) onAck(h *link.Header) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
@@ -333,7 +335,7 @@ func (qp *softQP) onPiggybackAck(ack uint32) error {
 	return nil
 }
 
-func (qp *softQP) onNak(h *Header) error {
+func (qp *softQP) onNak(h *link.Header) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
@@ -350,7 +352,7 @@ func (qp *softQP) onNak(h *Header) error {
 	var st Status
 	var cause error
 	switch h.Syndrome {
-	case NakRNR:
+	case link.NakRNR:
 		rec.rnrTries++
 		qp.dev.ctr.rnrRetries.Add(1)
 		if rec.rnrTries <= qp.rnrRetry {
@@ -368,11 +370,11 @@ func (qp *softQP) onNak(h *Header) error {
 			return nil
 		}
 		st, cause = StatusRNRRetryExceeded, fmt.Errorf("%w: request %d refused %d times", ErrRNRRetryExceeded, h.Seq, rec.rnrTries)
-	case NakRemoteAccess:
+	case link.NakRemoteAccess:
 		st, cause = StatusRemoteAccess, fmt.Errorf("%w: %s of %d bytes at %#x with rkey %#x refused by the peer", ErrRemoteAccess, rec.op, rec.length, rec.raddr, rec.rkey)
-	case NakInvalidRequest:
+	case link.NakInvalidRequest:
 		st, cause = StatusRemoteInvalidRequest, fmt.Errorf("%w: %s of %d bytes refused by the peer", ErrRemoteRequest, rec.op, rec.length)
-	case NakRemoteOperation:
+	case link.NakRemoteOperation:
 		st, cause = StatusRemoteOperation, fmt.Errorf("%w: %s of %d bytes failed at the peer", ErrRemoteOperation, rec.op, rec.length)
 	default:
 		qp.pushSendLocked()
@@ -386,7 +388,7 @@ func (qp *softQP) onNak(h *Header) error {
 	return nil
 }
 
-func (qp *softQP) onReadResponse(h *Header, p Payload) error {
+func (qp *softQP) onReadResponse(h *link.Header, p link.Payload) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
@@ -435,7 +437,7 @@ func (qp *softQP) onReadResponse(h *Header, p Payload) error {
 // earlier one is due first): its whole rest in one segment, as a pinned
 // region answers. Otherwise the peer's next SEND, as long as the last one,
 // into the receive buffer posted first.
-func (qp *softQP) ExpectPayload(least int, e *ExpectedPayload) bool {
+func (qp *softQP) ExpectPayload(least int, e *link.ExpectedPayload) bool {
 	if qp.State() != QPStateRTS {
 		return false
 	}
@@ -450,12 +452,12 @@ func (qp *softQP) ExpectPayload(least int, e *ExpectedPayload) bool {
 	if rec == nil || rec.err != StatusSuccess || uint64(n) > rec.capacity || len(rec.segs) == 0 {
 		return false
 	}
-	*e = ExpectedPayload{Header: Header{Kind: PacketSend, Seq: qp.rs.expected, Len: n}, SrcUnknown: true,
+	*e = link.ExpectedPayload{Header: link.Header{Kind: link.PacketSend, Seq: qp.rs.expected, Len: n}, SrcUnknown: true,
 		Dst: rec.segs[0][:min(len(rec.segs[0]), int(n))]}
 	return true
 }
 
-func (qp *softQP) expectReadResponse(least int, e *ExpectedPayload) bool {
+func (qp *softQP) expectReadResponse(least int, e *link.ExpectedPayload) bool {
 	sq := &qp.sq
 	sq.mu.Lock()
 	defer sq.mu.Unlock()
@@ -470,7 +472,7 @@ func (qp *softQP) expectReadResponse(least int, e *ExpectedPayload) bool {
 	off := int(rec.received)
 	for _, s := range rec.segs {
 		if off < len(s) {
-			*e = ExpectedPayload{Header: Header{Kind: PacketReadResponse, Seq: rec.seq, Len: rest, Offset: rec.received, Last: true},
+			*e = link.ExpectedPayload{Header: link.Header{Kind: link.PacketReadResponse, Seq: rec.seq, Len: rest, Offset: rec.received, Last: true},
 				Src: rec.raddr + uint64(rec.received), Dst: s[off:min(len(s), off+int(rest))]}
 			return true
 		}
@@ -481,7 +483,7 @@ func (qp *softQP) expectReadResponse(least int, e *ExpectedPayload) bool {
 
 // scatter reads n payload bytes into the concatenation of segs, starting at
 // byte off of it.
-func scatter(p Payload, segs [][]byte, off, n int) error {
+func scatter(p link.Payload, segs [][]byte, off, n int) error {
 	for _, s := range segs {
 		if n == 0 {
 			return nil

@@ -1,6 +1,10 @@
 package nprdma
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/nprdma/nprdma/nprdma/link"
+)
 
 // This file is what the protocol does for links that share memory with the
 // peer (nprdma/shm): the requester executes READs of regions the peer
@@ -79,10 +83,10 @@ func (qp *softQP) offerRegion(mr *softMR) {
 		return
 	}
 	present, busy, zero, shift := sp.StateBits()
-	revoke, ok := qp.sharer.ShareRegion(SharedRegion{
+	revoke, ok := qp.sharer.ShareRegion(link.SharedRegion{
 		RKey: mr.rkey, Addr: mr.addr, Len: len(mr.buf), PageSize: mr.pageSize, Magic: mr.magic,
 		Data: data, States: states, Access: access,
-		Bits: StateBits{Present: present, Busy: busy, Zero: zero, VersionShift: shift},
+		Bits: link.StateBits{Present: present, Busy: busy, Zero: zero, VersionShift: shift},
 	})
 	if !ok {
 		return

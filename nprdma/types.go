@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // Limits of the API. They bound what a peer may claim on the wire, so a frame
@@ -11,12 +13,12 @@ import (
 const (
 	// MaxMessageSize is the largest SEND, WRITE or READ (the sum of a work
 	// request's scatter/gather list).
-	MaxMessageSize = 1 << 30
+	MaxMessageSize = link.MaxMessageSize
 	// MaxSGE is the longest scatter/gather list of one work request.
-	MaxSGE = 16
+	MaxSGE = link.MaxSGE
 	// MaxPrivateData is the largest private data of a connect, accept or
-	// reject.
-	MaxPrivateData = 1024
+	// reject on the software NIC (a hardware device's: Caps).
+	MaxPrivateData = link.MaxPrivateData
 )
 
 // Access is the set of rights a memory region grants.
@@ -267,7 +269,7 @@ func (s QPState) String() string {
 var (
 	ErrDisconnected       = errors.New("disconnected")
 	ErrPeerDisconnected   = errors.New("disconnected by the peer")
-	ErrPeerLost           = errors.New("peer lost (connection broken)")
+	ErrPeerLost           = link.ErrPeerLost
 	ErrTimeout            = errors.New("peer silent beyond the timeout")
 	ErrRemoteAccess       = errors.New("remote access error")
 	ErrRemoteRequest      = errors.New("remote invalid request")
@@ -275,7 +277,7 @@ var (
 	ErrRNRRetryExceeded   = errors.New("receiver not ready, retries exhausted")
 	ErrLocalProtection    = errors.New("local protection error")
 	ErrLocalLength        = errors.New("local length error")
-	ErrProtocol           = errors.New("protocol violation by the peer")
+	ErrProtocol           = link.ErrProtocol
 	ErrCQOverflow         = errors.New("completion queue overflow")
 	ErrClosed             = errors.New("closed")
 	ErrNotConnected       = errors.New("queue pair is not connected")
@@ -287,15 +289,9 @@ var (
 	ErrDevice = errors.New("device error")
 )
 
-// RejectError is returned by QP.Connect when the peer rejects the connection.
-type RejectError struct {
-	// PrivateData is what the peer passed to ConnRequest.Reject.
-	PrivateData []byte
-}
-
-func (e *RejectError) Error() string {
-	return "nprdma: connection rejected by the peer (" + strconv.Itoa(len(e.PrivateData)) + " bytes of private data)"
-}
+// RejectError is returned by QP.Connect when the peer rejects the
+// connection; PrivateData is what the peer passed to ConnRequest.Reject.
+type RejectError = link.RejectError
 
 // seqBefore reports whether sequence number a comes before b (mod 2^32).
 func seqBefore(a, b uint32) bool { return int32(a-b) < 0 }
