@@ -458,47 +458,7 @@ func (q *HostQueue) recycle(c *call, cid uint16) {
 // READ slot: the READ lands in buf, so ReadRemote waits for it to complete
 // or for the queue to fail.
 func (q *HostQueue) ReadRemote(ctx context.Context, buf *nprdma.Buffer, off, n int, raddr uint64, rkey uint32) error {
-	if off < 0 || n <= 0 || off+n > len(buf.Bytes()) {
-		return fmt.Errorf("nvme fabric: queue %d: READ into [%d, +%d) outside the %d-byte buffer", q.qid, off, n, len(buf.Bytes()))
-	}
-	var slot int
-	select {
-	case slot = <-q.rslot:
-	case <-q.closed:
-		return q.Err()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	c := q.reads[slot]
-	q.mu.Lock()
-	if q.failed != nil {
-		err := q.failed
-		q.mu.Unlock()
-		q.rslot <- slot
-		return err
-	}
-	c.StartLocked()
-	q.mu.Unlock()
-	sge := buf.SGE()
-	sge.Addr += uint64(off)
-	sge.Length = uint32(n)
-	if err := q.qp.PostSend(nprdma.SendWR{ID: wrRead | uint64(slot), Op: nprdma.OpRead, SG: []nprdma.SGE{sge},
-		RemoteAddr: raddr, RKey: rkey, Signaled: true}); err != nil {
-		q.mu.Lock()
-		q.finishLocked(c, fmt.Errorf("queue %d to %s: %w: %w", q.qid, q.addr, ErrQueueFailed, err))
-		q.mu.Unlock()
-	}
-	if err := q.turns.Wait(context.Background(), &c.Slot, &q.mu, (*leader)(q)); err != nil {
-		return err
-	}
-	err := c.err
-	if err == nil && c.st != nprdma.StatusSuccess {
-		// The queue pair fails with the READ; its reason names the cause.
-		err = fmt.Errorf("queue %d to %s: READ of %d bytes at %#x (rkey %#x): %s: %w", q.qid, q.addr, n, raddr, rkey, c.st, q.qpErr())
-	}
-	c.err = nil
-	q.rslot <- slot
-	return err
+	return q.readRemote(ctx, buf, []RemoteRead{{Off: off, N: n, Addr: raddr, RKey: rkey}})
 }
 
 // RemoteRead is one READ of a batch: n bytes at raddr of the peer's region
@@ -519,6 +479,11 @@ func (q *HostQueue) ReadRemoteBatch(ctx context.Context, buf *nprdma.Buffer, rea
 	if len(reads) > MaxReadBatch {
 		return fmt.Errorf("nvme fabric: queue %d: %d READs in a batch, at most %d", q.qid, len(reads), MaxReadBatch)
 	}
+	return q.readRemote(ctx, buf, reads)
+}
+
+// readRemote posts reads (1 to MaxReadBatch) and waits for them.
+func (q *HostQueue) readRemote(ctx context.Context, buf *nprdma.Buffer, reads []RemoteRead) error {
 	var wrs [MaxReadBatch]nprdma.SendWR
 	var sges [MaxReadBatch]nprdma.SGE
 	base := buf.SGE()
@@ -571,7 +536,12 @@ func (q *HostQueue) ReadRemoteBatch(ctx context.Context, buf *nprdma.Buffer, rea
 	}
 	err := c.err
 	if err == nil && c.st != nprdma.StatusSuccess {
-		err = fmt.Errorf("queue %d to %s: batch of %d READs: %s: %w", q.qid, q.addr, len(reads), c.st, q.qpErr())
+		// The queue pair fails with the READ; its reason names the cause.
+		what := fmt.Sprintf("batch of %d READs", len(reads))
+		if r := reads[0]; len(reads) == 1 {
+			what = fmt.Sprintf("READ of %d bytes at %#x (rkey %#x)", r.N, r.Addr, r.RKey)
+		}
+		err = fmt.Errorf("queue %d to %s: %s: %s: %w", q.qid, q.addr, what, c.st, q.qpErr())
 	}
 	c.err = nil
 	q.rslot <- slot
