@@ -67,28 +67,11 @@ type softMR struct {
 	shares  mrShares // links the region was shared with (share.go)
 }
 
-// AccessTag is the region's access tag (0: any queue pair of the PD).
-func (mr *softMR) AccessTag() uint64 { return mr.tag }
-
-// Addr is the virtual address of the region's first byte, the base of the
-// addresses in SGEs and of remote addresses.
-func (mr *softMR) Addr() uint64 { return mr.addr }
-
-// Len is the region's length in bytes.
-func (mr *softMR) Len() int { return len(mr.buf) }
-
 // LKey is the local key, for SGEs.
 func (mr *softMR) LKey() uint32 { return mr.lkey }
 
 // RKey is the remote key a peer names in READ and WRITE.
 func (mr *softMR) RKey() uint32 { return mr.rkey }
-
-// Access is the set of rights granted.
-func (mr *softMR) Access() Access { return mr.access }
-
-// Bytes is the registered memory. For an unpinned region it is the pager's
-// memory, which may only be read under the pager's protocol.
-func (mr *softMR) Bytes() []byte { return mr.buf }
 
 // Pinned reports whether the region was pinned at registration.
 func (mr *softMR) Pinned() bool { return mr.pinned }
@@ -100,14 +83,6 @@ func (mr *softMR) Magic() uint64 { return mr.magic }
 // PageSize is the granularity of the region's pages (the pager's page size,
 // or the OS page size).
 func (mr *softMR) PageSize() int { return mr.pageSize }
-
-// PD is the protection domain of the region.
-func (mr *softMR) PD() *softPD { return mr.pd }
-
-// SGE names n bytes at offset off of the region.
-func (mr *softMR) SGE(off, n int) SGE {
-	return SGE{Addr: mr.addr + uint64(off), Length: uint32(n), LKey: mr.lkey}
-}
 
 // Register registers buf with the given rights, pinning it with mlock (the
 // baseline: the cost grows with the size, about 3 s per GiB here). buf must
