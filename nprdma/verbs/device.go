@@ -11,7 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -253,14 +255,7 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.closed = true
-	var ls []*Listener
-	for l := range d.listeners {
-		ls = append(ls, l)
-	}
-	var qps []*QP
-	for qp := range d.qps {
-		qps = append(qps, qp)
-	}
+	ls, qps := slices.Collect(maps.Keys(d.listeners)), slices.Collect(maps.Keys(d.qps))
 	d.mu.Unlock()
 	for _, l := range ls {
 		l.Close()
@@ -269,14 +264,7 @@ func (d *Device) Close() error {
 		qp.Close()
 	}
 	d.mu.Lock()
-	var cqs []*CQ
-	for cq := range d.cqs {
-		cqs = append(cqs, cq)
-	}
-	var pds []*PD
-	for pd := range d.pds {
-		pds = append(pds, pd)
-	}
+	cqs, pds := slices.Collect(maps.Keys(d.cqs)), slices.Collect(maps.Keys(d.pds))
 	d.mu.Unlock()
 	for _, cq := range cqs {
 		cq.Close()
