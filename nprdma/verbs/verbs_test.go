@@ -19,14 +19,14 @@ import (
 
 // The tests below need an RDMA device and an address of it to listen on:
 // NPRDMA_VERBS_ADDR (the guest lab runs them on Soft-RoCE over eth0 with
-// 10.0.2.15, TestGuestVerbs), and optionally NPRDMA_VERBS_DEVICE. Without
-// them they skip.
+// 10.0.2.15: TestGuestRDMA in integration/rdma), and optionally
+// NPRDMA_VERBS_DEVICE. Without them they skip.
 
 func testAddr(t *testing.T) string {
 	t.Helper()
 	a := os.Getenv("NPRDMA_VERBS_ADDR")
 	if a == "" {
-		t.Skip("NPRDMA_VERBS_ADDR is not set: no address of an RDMA device to listen on (the guest lab sets it: TestGuestVerbs)")
+		t.Skip("NPRDMA_VERBS_ADDR is not set: no address of an RDMA device to listen on (the guest lab sets it: TestGuestRDMA in integration/rdma)")
 	}
 	return a
 }

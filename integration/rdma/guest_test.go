@@ -13,33 +13,41 @@ import (
 	"github.com/nprdma/nprdma/lab"
 )
 
-// TestGuestNVMeRDMA puts nprdma-target and nprdma-initiator on Soft-RoCE
-// (rxe over the guest's eth0, 10.0.2.15) in one guest, with the kernel's
-// own NVMe/RDMA host and target:
+// TestGuestRDMA runs, in one guest on Soft-RoCE (rxe over the guest's
+// eth0, 10.0.2.15), the tests of nprdma/verbs and then nprdma-target and
+// nprdma-initiator with the kernel's own NVMe/RDMA host and target:
 //
-//   - our initiator -> our target: fio writes and verifies a namespace four
-//     times the target's DRAM budget through the NBD socket; a hot set is
-//     then read almost entirely one-sided (through frames: the NIC cannot
-//     read the namespace's unpinned region), cold reads fall back; the
-//     target's pinned memory is its frames, their table and its buffers,
-//     nothing of the namespace (whose pinning would exceed that bound);
-//   - the kernel's nvme-rdma host -> our target: connect, nvme list, fio
-//     verify, mkfs, mount, a file written, e2fsck; the target killed with
-//     SIGKILL after a flush and started again: the host reconnects, the
-//     flushed data and the file system are intact; disconnect;
-//   - our initiator -> the kernel's nvmet-rdma target: attach, fio verify
-//     through the NBD socket (two-sided: a stock target has no frames).
-func TestGuestNVMeRDMA(t *testing.T) {
+//   - Verbs: nprdma/verbs's tests, the nprdma conformance suite among them,
+//     on the device;
+//   - OursToOurs: fio writes and verifies a namespace four times the
+//     target's DRAM budget through the NBD socket; a hot set is then read
+//     almost entirely one-sided (through frames: the NIC cannot read the
+//     namespace's unpinned region), cold reads fall back; the target's
+//     pinned memory is its frames, their table and its buffers, nothing of
+//     the namespace (whose pinning would exceed that bound);
+//   - KernelHost: the kernel's nvme-rdma host connects to our target, nvme
+//     list, fio verify, mkfs, mount, a file written, e2fsck; the target
+//     killed with SIGKILL after a flush and started again: the host
+//     reconnects, the flushed data and the file system are intact;
+//     disconnect;
+//   - OursToNvmet: our initiator attaches the kernel's nvmet-rdma target,
+//     fio verify through the NBD socket (two-sided: a stock target has no
+//     frames).
+//
+// One guest: each costs a boot under TCG (docs/lab.md).
+func TestGuestRDMA(t *testing.T) {
 	t.Parallel()
 	lab.Require(t)
 	tgt := guesttest.Command(t, "./cmd/nprdma-target")
 	ini := guesttest.Command(t, "./cmd/nprdma-initiator")
+	vt := guesttest.TestBinary(t, "./nprdma/verbs")
 	res := lab.RunT(t, lab.Spec{
 		Modules: []string{"rdma_rxe", "rdma_ucm", "nvme-rdma", "nvmet-rdma"},
-		Env:     map[string]string{"TARGET": tgt, "INITIATOR": ini, "NQN": nqn, "KNQN": kernelNQN},
-		Script:  nvmeScript,
+		Env:     map[string]string{"TARGET": tgt, "INITIATOR": ini, "VERBS": vt, "NQN": nqn, "KNQN": kernelNQN},
+		Script:  guestScript,
 	})
-	out := func(name string) []byte {
+	out := func(t *testing.T, name string) []byte {
+		t.Helper()
 		b, err := os.ReadFile(filepath.Join(res.Dir, name))
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -50,49 +58,56 @@ func TestGuestNVMeRDMA(t *testing.T) {
 		t.Logf("step %-22s %v (guest clock, TCG)", s.Name, s.Duration.Round(1e6))
 	}
 
-	// Our initiator, our target.
-	if err := fiotest.CheckVerify(out("fio-ours.json"), nsSize); err != nil {
-		t.Errorf("fio verify through NBD, our initiator -> our target: %v", err)
-	}
-	before, after := metrics(t, out("initiator-hot-before")), metrics(t, out("initiator-hot-after"))
-	reads := after["nprdma_initiator_reads_total"] - before["nprdma_initiator_reads_total"]
-	oneSided := after["nprdma_initiator_reads_one_sided_total"] - before["nprdma_initiator_reads_one_sided_total"]
-	t.Logf("hot set: %.0f of %.0f reads one-sided (%.1f%%); whole run: %.0f frame misses, %.0f fallback reads",
-		oneSided, reads, 100*oneSided/reads, after["nprdma_initiator_frame_misses_total"], after["nprdma_initiator_fallback_reads_total"])
-	if reads == 0 || oneSided < 0.9*reads {
-		t.Errorf("hot set: %.0f of %.0f reads one-sided, want at least 90%%", oneSided, reads)
-	}
-	if after["nprdma_initiator_frame_misses_total"] == 0 || after["nprdma_initiator_fallback_reads_total"] == 0 {
-		t.Errorf("reading a namespace four times the budget: no miss read two-sided")
-	}
-	tm := metrics(t, out("target-metrics"))
-	pin := vmPinOf(t, out("target-status"))
-	frames, pool, reg := tm["nprdma_target_frame_pinned_bytes"], tm["nprdma_fabric_pool_registered_bytes"], tm["nprdma_fabric_registered_bytes"]
-	t.Logf("target: VmPin %d KiB; registered %.0f KiB: frames and table %.0f KiB, data pool %.0f KiB, receive buffers the rest", pin>>10, reg/1024, frames/1024, pool/1024)
-	// The frames are half the budget: the pinned memory is bounded by the
-	// budget, the table and the buffers, whatever the namespace's size.
-	// The slack for the receive buffers of the few queues here (about
-	// 2 MiB) is less than the namespace, so a pinned namespace fails it.
-	const buffers = 4 << 20
-	if frames == 0 || frames > budget/2+budget/64 || float64(pin) > frames+pool+buffers {
-		t.Errorf("target pins %d bytes (frames %.0f, pool %.0f) for a budget of %d and a namespace of %d", pin, frames, pool, budget, nsSize)
-	}
-
-	// The kernel's host, our target.
-	if list := string(out("nvme-list")); !strings.Contains(list, "nprdma") {
-		t.Errorf("nvme list shows no nprdma namespace:\n%s", list)
-	}
-	if err := fiotest.CheckVerify(out("fio-kernel.json"), kernelFio); err != nil {
-		t.Errorf("fio verify, the kernel's nvme-rdma host -> our target: %v", err)
-	}
-	if d := string(out("disconnect")); !strings.Contains(d, "disconnected 1 controller") {
-		t.Errorf("nvme disconnect said %q", d)
-	}
-
-	// Our initiator, the kernel's target.
-	if err := fiotest.CheckVerify(out("fio-nvmet.json"), nvmetFio); err != nil {
-		t.Errorf("fio verify through NBD, our initiator -> the kernel's nvmet-rdma: %v", err)
-	}
+	t.Run("Verbs", func(t *testing.T) {
+		if o := string(out(t, "verbs.out")); !strings.Contains(o, "\nPASS\n") {
+			t.Fatalf("no PASS from nprdma/verbs's tests in the guest:\n%s", o)
+		}
+	})
+	t.Run("OursToOurs", func(t *testing.T) {
+		if err := fiotest.CheckVerify(out(t, "fio-ours.json"), nsSize); err != nil {
+			t.Errorf("fio verify through NBD: %v", err)
+		}
+		before, after := metrics(t, out(t, "initiator-hot-before")), metrics(t, out(t, "initiator-hot-after"))
+		reads := after["nprdma_initiator_reads_total"] - before["nprdma_initiator_reads_total"]
+		oneSided := after["nprdma_initiator_reads_one_sided_total"] - before["nprdma_initiator_reads_one_sided_total"]
+		t.Logf("hot set: %.0f of %.0f reads one-sided (%.1f%%); whole run: %.0f frame misses, %.0f fallback reads",
+			oneSided, reads, 100*oneSided/reads, after["nprdma_initiator_frame_misses_total"], after["nprdma_initiator_fallback_reads_total"])
+		if reads == 0 || oneSided < 0.9*reads {
+			t.Errorf("hot set: %.0f of %.0f reads one-sided, want at least 90%%", oneSided, reads)
+		}
+		if after["nprdma_initiator_frame_misses_total"] == 0 || after["nprdma_initiator_fallback_reads_total"] == 0 {
+			t.Errorf("reading a namespace four times the budget: no miss read two-sided")
+		}
+		tm := metrics(t, out(t, "target-metrics"))
+		pin := vmPinOf(t, out(t, "target-status"))
+		frames, pool, reg := tm["nprdma_target_frame_pinned_bytes"], tm["nprdma_fabric_pool_registered_bytes"], tm["nprdma_fabric_registered_bytes"]
+		t.Logf("target: VmPin %d KiB; registered %.0f KiB: frames and table %.0f KiB, data pool %.0f KiB, receive buffers the rest", pin>>10, reg/1024, frames/1024, pool/1024)
+		// The frames are half the budget: the pinned memory is bounded by
+		// the budget, the table and the buffers, whatever the namespace's
+		// size. The slack for the receive buffers of the few queues here
+		// (about 2 MiB) is less than the namespace, so a pinned namespace
+		// fails it.
+		const buffers = 4 << 20
+		if frames == 0 || frames > budget/2+budget/64 || float64(pin) > frames+pool+buffers {
+			t.Errorf("target pins %d bytes (frames %.0f, pool %.0f) for a budget of %d and a namespace of %d", pin, frames, pool, budget, nsSize)
+		}
+	})
+	t.Run("KernelHost", func(t *testing.T) {
+		if list := string(out(t, "nvme-list")); !strings.Contains(list, "nprdma") {
+			t.Errorf("nvme list shows no nprdma namespace:\n%s", list)
+		}
+		if err := fiotest.CheckVerify(out(t, "fio-kernel.json"), kernelFio); err != nil {
+			t.Errorf("fio verify: %v", err)
+		}
+		if d := string(out(t, "disconnect")); !strings.Contains(d, "disconnected 1 controller") {
+			t.Errorf("nvme disconnect said %q", d)
+		}
+	})
+	t.Run("OursToNvmet", func(t *testing.T) {
+		if err := fiotest.CheckVerify(out(t, "fio-nvmet.json"), nvmetFio); err != nil {
+			t.Errorf("fio verify through NBD: %v", err)
+		}
+	})
 }
 
 const (
@@ -104,8 +119,9 @@ const (
 	nvmetFio  = 4 << 20
 )
 
-// The script: one guest, every scenario a few steps.
-const nvmeScript = `
+// The script: one guest, every scenario a few steps. nprdma/verbs's tests
+// record their verdict (the Verbs subtest reads it) and do not stop the rest.
+const guestScript = `
 fio_json() { fio --output-format=json --group_reporting "$@"; }
 target_up() {
 	setsid /dev/shm/nprdma-target --provider verbs --listen 10.0.2.15:4420 --backing /dev/shm/ns.img \
@@ -130,7 +146,11 @@ trap 'on_exit $?' EXIT
 step rxe
 rxe_up
 cp "$TARGET" "$INITIATOR" /dev/shm/
+cp "$VERBS" /dev/shm/verbs.test
 truncate -s 8M /dev/shm/ns.img
+
+step verbs
+(cd /dev/shm && NPRDMA_VERBS_ADDR=10.0.2.15 ./verbs.test -test.v -test.timeout 3m >"$LAB_OUT/verbs.out" 2>&1) || true
 
 step target
 target_up
