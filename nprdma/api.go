@@ -293,10 +293,13 @@ func (mr *MR) SGE(off, n int) SGE {
 
 // Deregister revokes the region's keys: no new local or remote access is
 // accepted once it returns. Pinned memory is unpinned (on the software NIC
-// unless another live region covers it). For an unpinned region it also
-// waits for the READs being copied out of the pager at that moment (one
-// copy each; the engine never blocks there), so the pager may be closed
-// once it returns even while queue pairs that used the region live on.
+// unless another live region covers it). It also waits for the peers'
+// WRITEs being copied into the region at that moment and, for an unpinned
+// region, for the READs being copied out of the pager (one copy each; the
+// engine never blocks there), so the pager may be closed once it returns
+// even while queue pairs that used the region live on. On the software NIC
+// a READ response of a pinned region may still be queued on the link: free
+// its memory once the queue pairs that served it are closed.
 func (mr *MR) Deregister() error { return mr.drv.Deregister() }
 
 // CQ is a completion queue, shareable by many queue pairs.

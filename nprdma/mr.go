@@ -61,8 +61,9 @@ type softMR struct {
 	magic    uint64
 	tag      uint64 // access tag: 0 = any QP of the PD (see WithAccessTag)
 	dead     atomic.Bool
-	// serving counts READs being copied out of an unpinned region right now;
-	// Deregister waits for them so that the pager may go away after it.
+	// serving counts READs being copied out of an unpinned region and
+	// WRITEs being copied into the region right now; Deregister waits for
+	// them so that the pager or the memory may go away after it.
 	serving atomic.Int64
 	shares  mrShares // links the region was shared with (share.go)
 }
@@ -275,8 +276,9 @@ func (mr *softMR) Deregister() error {
 	return err
 }
 
-// beginServe holds an unpinned region for one READ's copy (see Deregister);
-// it fails once the region is deregistered. endServe releases it.
+// beginServe holds the region for one READ's or WRITE's copy (see
+// Deregister); it fails once the region is deregistered. endServe releases
+// it.
 func (mr *softMR) beginServe() bool {
 	mr.serving.Add(1)
 	if mr.dead.Load() {

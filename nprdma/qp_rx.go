@@ -188,23 +188,29 @@ func (qp *softQP) onWrite(h *link.Header, p link.Payload) error {
 	if ok, err := qp.checkSeq(h, p); !ok {
 		return err
 	}
-	var dst []byte
+	var mr *softMR
+	var off int
 	if h.Len > 0 {
 		// The NIC engine's check, before any byte moves. (As in verbs, a
 		// zero-length WRITE names no memory and is not checked.)
-		mr, off, ok := qp.remoteRegion(h.RKey, h.Addr, h.Len, AccessRemoteWrite)
-		if !ok {
-			qp.dev.ctr.remoteAccessErrors.Add(1)
-			return qp.nak(h, p, link.NakRemoteAccess, fmt.Errorf("%w: peer's WRITE of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
+		var ok bool
+		if mr, off, ok = qp.remoteRegion(h.RKey, h.Addr, h.Len, AccessRemoteWrite); !ok {
+			return qp.refuseWrite(h, p)
 		}
-		dst = mr.buf[off : off+int(h.Len)]
 	}
 	if h.HasImm && qp.peekRecv() == nil {
 		// WRITE_WITH_IMM consumes a receive: without one nothing is written.
 		return qp.nak(h, p, link.NakRNR, nil)
 	}
-	if len(dst) > 0 {
-		if err := p.Read(dst); err != nil {
+	if mr != nil {
+		// Held while the bytes land: Deregister waits for it, so that the
+		// owner may free the memory once Deregister returns.
+		if !mr.beginServe() {
+			return qp.refuseWrite(h, p)
+		}
+		err := p.Read(mr.buf[off : off+int(h.Len)])
+		mr.endServe()
+		if err != nil {
 			return err
 		}
 	}
@@ -216,6 +222,12 @@ func (qp *softQP) onWrite(h *link.Header, p link.Payload) error {
 	qp.owe(qp.rs.expected)
 	qp.rs.expected++
 	return nil
+}
+
+// refuseWrite answers a WRITE whose region check failed.
+func (qp *softQP) refuseWrite(h *link.Header, p link.Payload) error {
+	qp.dev.ctr.remoteAccessErrors.Add(1)
+	return qp.nak(h, p, link.NakRemoteAccess, fmt.Errorf("%w: peer's WRITE of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
 }
 
 func (qp *softQP) onReadRequest(h *link.Header, p link.Payload) error {

@@ -60,6 +60,10 @@ type side struct {
 	rcq  *nprdma.CQ
 	qp   *nprdma.QP
 	cqs  []nprdma.CQOption
+	// bufs are the regions' memory, freed once the side's queue pairs are
+	// closed: a READ response the link has yet to send may still refer to
+	// a region deregistered before.
+	bufs [][]byte
 }
 
 type pairConfig struct {
@@ -80,7 +84,13 @@ func newSide(t *testing.T, h Harness) *side {
 		dev = nprdma.NewDevice(p, nprdma.WithPinning(false))
 	}
 	t.Cleanup(func() { dev.Close() })
-	return &side{prov: p, dev: dev, pd: dev.AllocPD(), cqs: h.CQOptions}
+	s := &side{prov: p, dev: dev, pd: dev.AllocPD(), cqs: h.CQOptions}
+	t.Cleanup(func() { // after the queue pairs' (made later), before the device's
+		for _, b := range s.bufs {
+			nprdma.FreeBuffer(b)
+		}
+	})
+	return s
 }
 
 // caps is what the harness's devices offer.
@@ -194,10 +204,8 @@ func (s *side) region(t *testing.T, n int, access nprdma.Access) (*nprdma.MR, []
 		nprdma.FreeBuffer(buf)
 		t.Fatalf("register %d bytes: %v", n, err)
 	}
-	t.Cleanup(func() {
-		mr.Deregister()
-		nprdma.FreeBuffer(buf)
-	})
+	s.bufs = append(s.bufs, buf)
+	t.Cleanup(func() { mr.Deregister() })
 	return mr, buf
 }
 
