@@ -174,12 +174,7 @@ func (n *Namespace) readFrames(ctx context.Context, q hostQueue, rq remoteReader
 
 // readRun reads blocks no frame held with NVMe Read, into p.
 func (n *Namespace) readRun(ctx context.Context, q hostQueue, p []byte, off int64) error {
-	cmd, err := n.readCmd(len(p), off)
-	if err != nil {
-		return err
-	}
-	cqe, err := q.Submit(ctx, cmd, p)
-	if err := n.readDone(cqe, err, len(p), off); err != nil {
+	if err := n.readTwoSided(ctx, q, p, off); err != nil {
 		return err
 	}
 	n.c.ctr.fallbackReads.Add(1)

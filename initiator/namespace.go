@@ -490,12 +490,7 @@ func (n *Namespace) readChunk(ctx context.Context, s *session, p []byte, off int
 		return n.readFrames(ctx, q, rq, rr, ri, p, off, start)
 	}
 	if !covered || !c.cfg.oneSided || !oneSided || rr == nil {
-		cmd, err := n.readCmd(len(p), off)
-		if err != nil {
-			return err
-		}
-		cqe, err := q.Submit(ctx, cmd, p)
-		if err := n.readDone(cqe, err, len(p), off); err != nil {
+		if err := n.readTwoSided(ctx, q, p, off); err != nil {
 			return err
 		}
 		c.ctr.twoSidedReads.Add(1)
@@ -563,6 +558,16 @@ func isMagicPage(pg []byte, magic uint64) bool {
 		}
 	}
 	return true
+}
+
+// readTwoSided reads p at off with one NVMe Read.
+func (n *Namespace) readTwoSided(ctx context.Context, q hostQueue, p []byte, off int64) error {
+	cmd, err := n.readCmd(len(p), off)
+	if err != nil {
+		return err
+	}
+	cqe, err := q.Submit(ctx, cmd, p)
+	return n.readDone(cqe, err, len(p), off)
 }
 
 // readCmd is the NVMe Read of length bytes at off.
