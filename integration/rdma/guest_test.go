@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nprdma/nprdma/internal/fiotest"
 	"github.com/nprdma/nprdma/internal/guesttest"
@@ -45,6 +46,9 @@ func TestGuestRDMA(t *testing.T) {
 		Modules: []string{"rdma_rxe", "rdma_ucm", "nvme-rdma", "nvmet-rdma"},
 		Env:     map[string]string{"TARGET": tgt, "INITIATOR": ini, "VERBS": vt, "NQN": nqn, "KNQN": kernelNQN},
 		Script:  guestScript,
+		// A bound against a hang: under TCG on a loaded machine the run
+		// takes from two minutes to more than five.
+		Timeout: 10 * time.Minute,
 	})
 	out := func(t *testing.T, name string) []byte {
 		t.Helper()
