@@ -201,7 +201,8 @@ func (r *Region) WriteAtFUA(p []byte, off int64) (int, error) {
 // false, having written nothing when a page was found wanting before the
 // first copy, or a prefix of p when the state changed in between: the caller
 // then writes the whole of p with WriteAt (the same bytes again). It never
-// blocks, faults or waits for a lock.
+// faults, waits for busy or waits for a lock held for long (waking a page's
+// waiters takes their shard's lock, which they hold only to check a word).
 func (r *Region) TryWriteAt(p []byte, off int64) bool {
 	if r.checkRange("write", off, int64(len(p))) != nil || !r.enter() {
 		return false
