@@ -104,6 +104,19 @@ func (h *Host) Connect(t testing.TB, qid, sqsize uint16, subNQN, hostNQN string,
 // reads (C2HData). Its CID and SGL are set here. A completion with an error
 // status is not an error of Exec: the status is in the completion.
 func (h *Host) Exec(cmd nvme.Command, out, in []byte) (nvme.Completion, error) {
+	cid, err := h.Send(cmd, out, len(in))
+	if err != nil {
+		return nvme.Completion{}, err
+	}
+	h.Conn.SetDeadline(time.Now().Add(Timeout))
+	defer h.Conn.SetDeadline(time.Time{})
+	return h.Await(cid, out, in)
+}
+
+// Send sends cmd without waiting for it and returns its CID, for Await:
+// out is the data it writes (as Exec), inLen the length of the data it
+// reads.
+func (h *Host) Send(cmd nvme.Command, out []byte, inLen int) (uint16, error) {
 	h.cid++
 	cmd.CID = h.cid
 	cmd.Flags = nvme.FlagsSGL
@@ -115,15 +128,12 @@ func (h *Host) Exec(cmd nvme.Command, out, in []byte) (nvme.Completion, error) {
 	case len(out) > 0:
 		cmd.DPTR = nvme.TransportSGL(uint32(len(out)))
 	default:
-		cmd.DPTR = nvme.TransportSGL(uint32(len(in)))
+		cmd.DPTR = nvme.TransportSGL(uint32(inLen))
 	}
-	h.Conn.SetDeadline(time.Now().Add(Timeout))
-	defer h.Conn.SetDeadline(time.Time{})
+	h.Conn.SetWriteDeadline(time.Now().Add(Timeout))
+	defer h.Conn.SetWriteDeadline(time.Time{})
 	h.W.CapsuleCmd(&cmd, icd)
-	if err := h.W.Flush(); err != nil {
-		return nvme.Completion{}, err
-	}
-	return h.Await(cmd.CID, out, in)
+	return cmd.CID, h.W.Flush()
 }
 
 // Await reads PDUs until the completion of command cid: it answers R2Ts
