@@ -4,12 +4,12 @@
 GO        ?= go
 BIN       := bin
 # Packages with goroutines sharing state: tested under the race detector.
-RACE_PKGS  := ./blockdev/... ./swap/... ./nprdma/... ./nvme/... ./target/... ./initiator/... ./integration/... ./internal/... ./lab/...
+RACE_PKGS  := ./blockdev/... ./swap/... ./nprdma/... ./nvme/... ./target/... ./initiator/... ./integration/... ./internal/... ./lab/... ./csi/...
 # Packages with allocation tests (TestHotPathAllocations, TestSlowPathAllocatesNothing,
 # TestCommandPathAllocations).
-ALLOC_PKGS := ./nprdma/tcp ./integration/np/npread ./target
-# The rest: benchmark code (its own quick tests) and the CLIs.
-OTHER_PKGS := ./bench/... ./cmd/...
+ALLOC_PKGS := ./nprdma/tcp ./nprdma/shm ./integration/np/npread ./target
+# The rest: benchmark code (its own quick tests), the CLIs and the manifests.
+OTHER_PKGS := ./bench/... ./cmd/... ./deploy/...
 # Short fuzz runs in `make test`; `make fuzz FUZZTIME=10m` for a long run.
 FUZZTIME  ?= 10s
 # Tests that take minutes (crash rounds, churn, stress) run their long versions with NPRDMA_LONG=1.

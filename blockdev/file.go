@@ -25,8 +25,8 @@ var _ interface {
 type File struct {
 	path      string
 	f         *os.File
-	fd        int // f's descriptor, cached: valid while mu is held shared and !closed
-	size      int64
+	fd        int          // f's descriptor, cached: valid while mu is held shared and !closed
+	size      atomic.Int64 // grows only (Grow)
 	blockSize int
 	isDevice  bool
 	direct    bool
@@ -207,10 +207,10 @@ func Open(path string, opts ...Option) (*File, error) {
 		f.Close()
 		return fail(err)
 	}
+	var size int64
 	if isDevice {
-		var size uint64
-		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(d.fd), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size))); errno != 0 {
-			return closeAndFail(fmt.Errorf("BLKGETSIZE64: %w", errno))
+		if size, err = deviceSize(d.fd); err != nil {
+			return closeAndFail(err)
 		}
 		bs, err := unix.IoctlGetInt(d.fd, unix.BLKSSZGET)
 		if err != nil {
@@ -219,7 +219,7 @@ func Open(path string, opts ...Option) (*File, error) {
 		if bs <= 0 || bs > PageSize || bs&(bs-1) != 0 {
 			return closeAndFail(fmt.Errorf("logical block size %d is not a power of two up to %d", bs, PageSize))
 		}
-		d.size, d.blockSize = int64(size), bs
+		d.blockSize = bs
 		// A read-only block device (losetup -r, a write-protected disk)
 		// opens read-write without complaint; writes would fail later, one
 		// by one, with EPERM.
@@ -245,7 +245,7 @@ func Open(path string, opts ...Option) (*File, error) {
 		if err != nil {
 			return closeAndFail(unwrapPathError(err))
 		}
-		d.size = fst.Size()
+		size = fst.Size()
 		if direct {
 			// The layers above work in pages, so 4 KiB is the natural unit
 			// even where the file system would take 512 bytes; more than a
@@ -253,9 +253,10 @@ func Open(path string, opts ...Option) (*File, error) {
 			d.blockSize = PageSize
 		}
 	}
-	d.size -= d.size % int64(d.blockSize)
-	if o.minSize > 0 && d.size < o.minSize {
-		return closeAndFail(fmt.Errorf("%w: %d bytes, %d needed", ErrTooSmall, d.size, o.minSize))
+	size -= size % int64(d.blockSize)
+	d.size.Store(size)
+	if o.minSize > 0 && size < o.minSize {
+		return closeAndFail(fmt.Errorf("%w: %d bytes, %d needed", ErrTooSmall, size, o.minSize))
 	}
 	if o.uring {
 		depth := uringDefaultDepth
@@ -345,7 +346,7 @@ func Create(path string, size int64) error {
 }
 
 func (d *File) Path() string   { return d.path }
-func (d *File) Size() int64    { return d.size }
+func (d *File) Size() int64    { return d.size.Load() }
 func (d *File) BlockSize() int { return d.blockSize }
 
 // Fd returns the descriptor. It stays owned by d and is valid until Close;

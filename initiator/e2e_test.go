@@ -19,6 +19,7 @@ import (
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
@@ -47,6 +48,9 @@ var kinds = []fabricKind{
 		return loop.New(loop.WithFabric(f)), loop.New(loop.WithFabric(f))
 	}, "ns-test", false},
 	{"tcp", func() (nprdma.Provider, nprdma.Provider) { return tcp.New(), tcp.New() }, "127.0.0.1:0", false},
+	// A socket of its own in the temporary directory, and shareable
+	// regions the initiator reads in place.
+	{"shm", func() (nprdma.Provider, nprdma.Provider) { return shm.New(), shm.New() }, shm.Scheme, false},
 }
 
 // nvmeTCPKind is the host over NVMe/TCP to the same in-process target.
@@ -59,8 +63,9 @@ var everyTransport = append(kinds[:len(kinds):len(kinds)], nvmeTCPKind)
 type targetSpec struct {
 	prov       nprdma.Provider
 	listen     string
-	listenTCP  string // NVMe/TCP too, at this address ("": not served)
-	dir        string // backing file and data dir live here
+	alsoListen []string // more nprdma fabric addresses (unix:PATH: shared memory)
+	listenTCP  string   // NVMe/TCP too, at this address ("": not served)
+	dir        string   // backing file and data dir live here
 	size       int64
 	budget     int64
 	hosts      []string
@@ -102,7 +107,7 @@ func startTargetE(t *testing.T, spec targetSpec) (*target.Target, error) {
 			return nil, err
 		}
 	}
-	opts := append([]target.Option{target.WithProvider(spec.prov), target.WithListen(spec.listen),
+	opts := append([]target.Option{target.WithProvider(spec.prov), target.WithListen(append([]string{spec.listen}, spec.alsoListen...)...),
 		target.WithDataDir(filepath.Join(spec.dir, "meta")), target.WithLogger(quiet)}, spec.targetOpts...)
 	if spec.kato > 0 {
 		opts = append(opts, target.WithKeepAliveTimeout(spec.kato))
@@ -289,6 +294,9 @@ func TestEndToEnd(t *testing.T) {
 				t.Fatalf("hot phase over NVMe/TCP: not every read two-sided: %+v", hot)
 			case !k.nvmeTCP && share < 0.95:
 				t.Fatalf("hot phase: one-sided share %.3f < 0.95 (%+v)", share, hot)
+			}
+			if _, ok := r.cliProv.(*shm.Provider); ok && r.dev.Stats().LocalReads < uint64(oneSided) {
+				t.Fatalf("hot phase over shm: %d READs in place, fewer than the %d one-sided reads", r.dev.Stats().LocalReads, oneSided)
 			}
 
 			// Cold phase: reads spread over the namespace fault pages in.

@@ -209,6 +209,7 @@ type session struct {
 	failOnce sync.Once
 	failed   chan struct{}
 	failErr  error // why it failed; set before failed is closed
+	notices  bool  // Namespace Attribute Changed notices enabled (events.go)
 
 	mu      sync.Mutex
 	regions map[uint32]*regionInfo
@@ -342,6 +343,7 @@ func (c *Controller) connect(ctx context.Context, replaces *session) (*session, 
 	if n < 1 {
 		return fail(fmt.Errorf("initiator: %s granted no I/O queue", c.subNQN))
 	}
+	s.notices = s.enableNotices(ctx)
 	cap, err := s.propertyGet(ctx, nvme.PropCAP, 8)
 	if err != nil {
 		return fail(err)
@@ -514,6 +516,13 @@ func (c *Controller) install(s *session) {
 		defer c.bg.Done()
 		c.supervise(s)
 	}()
+	if s.notices {
+		c.bg.Add(1)
+		go func() {
+			defer c.bg.Done()
+			c.watchNotices(s)
+		}()
+	}
 }
 
 // supervise keeps s alive and notices its loss: keep-alives every half

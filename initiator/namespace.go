@@ -25,9 +25,10 @@ import (
 type Namespace struct {
 	c      *Controller
 	nsid   uint32
-	blocks uint64
+	blocks atomic.Uint64 // grows when the target resizes the namespace (events.go)
 	nguid  [16]byte
 	uuid   nvme.UUID
+	grown  chan struct{} // a value whenever blocks grows (buffered by one)
 
 	changed     atomic.Pointer[namespaceChange] // set for good once the target serves another namespace under nsid
 	changedDone chan struct{}                   // closed then
@@ -201,13 +202,14 @@ func (c *Controller) Namespace(ctx context.Context, nsid uint32) (*Namespace, er
 			return nil, err
 		}
 	}
-	n := &Namespace{c: c, nsid: nsid, changedDone: make(chan struct{}), lossReported: make(chan struct{}, 1)}
+	n := &Namespace{c: c, nsid: nsid, changedDone: make(chan struct{}), lossReported: make(chan struct{}, 1), grown: make(chan struct{}, 1)}
 	err := c.do(ctx, func(s *session) error {
 		id, err := s.identifyNamespace(ctx, nsid)
 		if err != nil {
 			return err
 		}
-		n.blocks, n.nguid = id.NSZE, id.NGUID
+		n.blocks.Store(id.NSZE)
+		n.nguid = id.NGUID
 		n.durability.sawInstance(s.gen, s.ident.NP)
 		n.verified.Store(s)
 		ids := make([]byte, nvme.IdentifySize)
@@ -304,14 +306,7 @@ func (n *Namespace) verify(ctx context.Context, s *session) error {
 	if ch := n.changed.Load(); ch != nil {
 		return ch.err
 	}
-	id, err := s.identifyNamespace(ctx, n.nsid)
-	switch {
-	case err == nil && (id.NSZE != n.blocks || id.NGUID != n.nguid):
-		return n.markChanged(fmt.Errorf("%w: namespace %d of %s is now %d blocks, NGUID %x (was %d blocks, NGUID %x)",
-			ErrNamespaceChanged, n.nsid, n.c.subNQN, id.NSZE, id.NGUID, n.blocks, n.nguid))
-	case errors.Is(err, nvme.StatusInvalidNamespaceOrFormat):
-		return n.markChanged(fmt.Errorf("%w: %w", ErrNamespaceChanged, err))
-	case err != nil:
+	if err := n.identify(ctx, s); err != nil {
 		return err
 	}
 	n.noteInstance(s)
@@ -414,7 +409,7 @@ func (n *Namespace) NGUID() [16]byte { return n.nguid }
 func (n *Namespace) UUID() nvme.UUID { return n.uuid }
 
 // Size is the size in bytes.
-func (n *Namespace) Size() int64 { return int64(n.blocks) * BlockSize }
+func (n *Namespace) Size() int64 { return int64(n.blocks.Load()) * BlockSize }
 
 // BlockSize is 4096.
 func (n *Namespace) BlockSize() int { return BlockSize }
@@ -484,7 +479,9 @@ func (n *Namespace) readChunk(ctx context.Context, s *session, p []byte, off int
 	}
 	rq, oneSided := q.(remoteReader)
 	rr := c.b.remote()
-	if desc == nil || !c.cfg.oneSided || !oneSided || rr == nil {
+	// A range beyond the descriptor (the namespace grew since it was
+	// fetched: events.go) is read two-sided: the registration covers no more.
+	if desc == nil || !c.cfg.oneSided || !oneSided || rr == nil || uint64(off)+uint64(len(p)) > desc.Length {
 		cmd, err := n.readCmd(len(p), off)
 		if err != nil {
 			return err

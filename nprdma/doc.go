@@ -2,7 +2,8 @@
 // regions that need not be pinned.
 //
 // A Device runs on a Provider (nprdma/tcp: software RDMA over TCP;
-// nprdma/loop: in-process). From it come protection domains (PD), memory
+// nprdma/loop: in-process; nprdma/shm: peers on the same host, whose
+// READs of a region shared with them run in place). From it come protection domains (PD), memory
 // regions (MR), completion queues (CQ) and reliable-connected queue pairs
 // (QP), which a Listener/ConnRequest pair or QP.Connect connect like
 // rdma_cm. Work requests (SEND, SEND_WITH_IMM, RDMA WRITE, WRITE_WITH_IMM,
@@ -18,5 +19,5 @@
 // FindMagicPages and re-reads two-sided (the NP-RDMA scheme).
 //
 // docs/nprdma.md describes the semantics, the NIC engine, the buffer pool
-// and the tcp wire format in full.
+// and the providers' wire formats in full.
 package nprdma

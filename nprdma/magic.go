@@ -67,3 +67,9 @@ func (d *Device) FindMagicPages(buf []byte, remoteAddr, mrAddr uint64, pageSize 
 	}
 	return out
 }
+
+// FillMagic writes into dst the bytes the magic page holds from region
+// offset at on (byte k of a page is byte k mod 8 of magic, little endian):
+// what a READ delivers for a part of a page it could not read. A provider
+// that executes READs itself (LocalReader) uses it.
+func FillMagic(dst []byte, magic uint64, at int) { fillPhase(dst, magic, at%8) }

@@ -22,6 +22,9 @@ type counters struct {
 	remoteAccessErrors atomic.Uint64
 	rnrNaksSent        atomic.Uint64
 	rnrRetries         atomic.Uint64
+	localReads         atomic.Uint64
+	localPagesRead     atomic.Uint64
+	localMagicPages    atomic.Uint64
 }
 
 // Stats are a device's counters.
@@ -41,6 +44,9 @@ type Stats struct {
 	RemoteAccessErrors uint64 // READs and WRITEs refused as responder
 	RNRNaksSent        uint64 // SENDs refused for lack of a receive, as responder
 	RNRRetries         uint64 // RNR NAKs received, as requester
+	LocalReads         uint64 // READs executed by the requester in the peer's shared memory (LocalReader)
+	LocalPagesRead     uint64 // pages they touched
+	LocalMagicPages    uint64 // of which delivered as the magic page
 }
 
 // Stats returns a snapshot of the device's counters.
@@ -62,6 +68,9 @@ func (d *Device) Stats() Stats {
 		RemoteAccessErrors: c.remoteAccessErrors.Load(),
 		RNRNaksSent:        c.rnrNaksSent.Load(),
 		RNRRetries:         c.rnrRetries.Load(),
+		LocalReads:         c.localReads.Load(),
+		LocalPagesRead:     c.localPagesRead.Load(),
+		LocalMagicPages:    c.localMagicPages.Load(),
 	}
 }
 
@@ -105,6 +114,9 @@ var (
 		counter("remote_access_errors_total", "READs and WRITEs refused by the NIC engine.", func(s *Stats) float64 { return float64(s.RemoteAccessErrors) }),
 		counter("rnr_naks_total", "SENDs refused for lack of a posted receive.", func(s *Stats) float64 { return float64(s.RNRNaksSent) }),
 		counter("rnr_retries_total", "RNR NAKs received by requesters.", func(s *Stats) float64 { return float64(s.RNRRetries) }),
+		counter("local_reads_total", "READs the requester executed in the peer's shared memory.", func(s *Stats) float64 { return float64(s.LocalReads) }),
+		counter("local_pages_read_total", "Pages read by READs executed in the peer's shared memory.", func(s *Stats) float64 { return float64(s.LocalPagesRead) }),
+		counter("local_magic_pages_total", "Pages of READs executed in shared memory delivered as the magic page.", func(s *Stats) float64 { return float64(s.LocalMagicPages) }),
 	}
 	poolMetrics = []metricDesc{
 		poolGauge("pool_slabs", "Slabs registered by buffer pools.", func(s *PoolStats) float64 { return float64(s.Slabs) }),

@@ -64,6 +64,7 @@ type MR struct {
 	// serving counts READs being copied out of an unpinned region right now;
 	// Deregister waits for them so that the pager may go away after it.
 	serving atomic.Int64
+	shares  mrShares // links the region was shared with (share.go)
 }
 
 // MROption configures a registration.
@@ -270,7 +271,9 @@ func (pd *PD) add(mr *MR) error {
 // region covers it. For an unpinned region it also waits for the READs
 // being copied out of the pager at that moment (one copy each; the engine
 // never blocks there), so the pager may be closed once it returns even
-// while queue pairs that used the region live on.
+// while queue pairs that used the region live on; and it revokes the
+// region from every peer it was shared with (RegionSharer): no READ a peer
+// executes in place succeeds after it returns.
 func (mr *MR) Deregister() error {
 	if !mr.dead.CompareAndSwap(false, true) {
 		return nil
@@ -306,6 +309,7 @@ func (mr *MR) Deregister() error {
 		d.ctr.registeredBytes.Add(-int64(len(mr.buf)))
 	}
 	d.mu.Unlock()
+	mr.revokeShares()
 	for mr.serving.Load() > 0 {
 		time.Sleep(10 * time.Microsecond)
 	}

@@ -386,3 +386,23 @@ func TestStrings(t *testing.T) {
 		t.Fatal("state or unknown opcode name")
 	}
 }
+
+func TestSchemesDispatchByAddress(t *testing.T) {
+	def, unix := namedProvider{name: "def"}, namedProvider{name: "unix"}
+	s := NewSchemes(def, map[string]Provider{"unix": unix})
+	for addr, want := range map[string]Provider{"unix:/run/x.sock": unix, "127.0.0.1:4420": def, "[::1]:1": def, "name": def} {
+		if got := s.For(addr); got.Name() != want.Name() {
+			t.Fatalf("%q: provider %s, want %s", addr, got.Name(), want.Name())
+		}
+	}
+	if s.Name() != "def" {
+		t.Fatalf("name %q", s.Name())
+	}
+}
+
+type namedProvider struct {
+	nullProvider
+	name string
+}
+
+func (p namedProvider) Name() string { return p.name }

@@ -1,5 +1,7 @@
 package nprdma
 
+import "os"
+
 // Pager is what an unpinned memory region needs from the memory behind it.
 // nprdma defines it so that it never depends on the package that implements
 // it (swap.Region does; the target wires the two together).
@@ -32,4 +34,41 @@ type Pager interface {
 	// Advise asks the pager to make [off, off+length) resident soon
 	// (prefetch, like ibv_advise_mr). It returns once the work is queued.
 	Advise(off, length int64) error
+}
+
+// SharedPager is a Pager whose memory another process on the same host may
+// map and read in place, under the same seqlock, without the owner's CPU
+// (nprdma/shm). swap.Region is one when it is created shareable.
+//
+// The reader's protocol, per page i (the state words are the pager's own,
+// read with atomic loads):
+//
+//	s := states[i]; if s&Present == 0 || s&Busy != 0 { magic page }
+//	copy page i (zeros without reading it if s&Zero != 0)
+//	if states[i]>>VersionShift != s>>VersionShift { magic page instead }
+//	set bit i of access (a use, for the pager's eviction policy)
+//
+// The reader holds no reference: the owner may release a page while it is
+// copied, so the reader's copy must survive finding the page gone (and must
+// not put a page back in its place: see docs/np-rdma.md); the version
+// check then refuses it.
+type SharedPager interface {
+	Pager
+	// ShareFiles returns descriptors of the memory (read-only), of the page
+	// state table (read-only; one native uint64 per page) and of the access
+	// map (writable; one bit per page in native uint64 words, bit i%64 of
+	// word i/64, set by readers with an atomic OR), or ok false when the
+	// memory cannot be shared. They belong to the pager.
+	ShareFiles() (data, states, access *os.File, ok bool)
+	// StateBits says where the reader finds what it checks in a state
+	// word: the masks of present, busy and zero, and the shift of the
+	// version (plain types, so that a pager needs no import of nprdma).
+	StateBits() (present, busy, zero uint64, versionShift uint)
+}
+
+// StateBits locates the fields of a pager's page state word that a reader
+// in another process checks.
+type StateBits struct {
+	Present, Busy, Zero uint64 // masks
+	VersionShift        uint   // the version is the word shifted right by this
 }

@@ -80,6 +80,11 @@ type QP struct {
 	accessTag      atomic.Uint64             // see SetAccessTag
 	copyAtDelivery bool                      // the link is a DeliveryCopier (set before it starts)
 	driver         atomic.Pointer[driverRef] // the link, if a waiter may receive on it
+	// localReader and sharer are the link, if it implements them (set
+	// before the QP enters RTS, never changed).
+	localReader LocalReader
+	sharer      RegionSharer
+	shares      regionShares // regions offered to the peer (see share.go)
 
 	lastRx   atomic.Int64 // nanotime of the last packet from the peer
 	timer    *time.Timer  // peer-silence timeout
@@ -95,6 +100,8 @@ type sendQueue struct {
 	head       int
 	count      int    // records outstanding
 	sent       int    // of which transmitted (from head)
+	sentReqs   int    // of those, requests sent to the peer (not local)
+	locals     int    // records executed here (LocalReader), outstanding
 	nextSeq    uint32 // sequence number of the next posted request
 	flushed    bool   // the QP failed and the queue was flushed
 	rnrWait    bool   // waiting RNRTimeout before retransmitting
@@ -119,6 +126,10 @@ type sendRecord struct {
 	err       Status // a local error found at post time
 	rnrTries  int
 	received  uint32 // READ: bytes placed so far
+	// local: a READ the requester executed itself when it was posted
+	// (LocalReader). It has no sequence number and is never sent; it
+	// completes, successfully, once every record before it has.
+	local bool
 }
 
 type recvQueue struct {
@@ -317,6 +328,8 @@ func (qp *QP) establish(link Link, remote uint32) error {
 		qp.driver.Store(&driverRef{d})
 	}
 	_, qp.copyAtDelivery = link.(DeliveryCopier)
+	qp.localReader, _ = link.(LocalReader)
+	qp.sharer, _ = link.(RegionSharer)
 	qp.state.Store(int32(QPStateRTS))
 	link.Start(qp)
 	qp.ctl.Unlock()
@@ -415,6 +428,7 @@ func (qp *QP) Close() error {
 		qp.closeLinkDown()
 	}
 	qp.stopTimers()
+	qp.forgetShares()
 	qp.sendCQ.detach(qp)
 	qp.recvCQ.detach(qp)
 	qp.sendCQ.users.Add(-1)
@@ -471,7 +485,7 @@ func (qp *QP) flushQueues(cause error) {
 		sq.flushed = true
 		for sq.count > 0 {
 			st := StatusWRFlushed
-			if sq.sent > 0 {
+			if sq.sent > 0 && !sq.ring[sq.head].local {
 				st, head = head, StatusWRFlushed
 			}
 			qp.completeHeadLocked(st)
@@ -557,6 +571,18 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 			return err
 		}
 	}
+	// READs the link can execute here are done before the queue is locked,
+	// so that a copy holds up no other poster: bit i of local says wrs[i]
+	// was. (A READ posted to a queue found full after its copy has written
+	// its destination, as a failed READ may.)
+	var local uint64
+	if qp.State() == QPStateRTS && qp.localReader != nil {
+		for i := range wrs[:min(len(wrs), 64)] {
+			if wrs[i].Op == OpRead && qp.readLocal(&wrs[i]) {
+				local |= 1 << i
+			}
+		}
+	}
 	sq := &qp.sq
 	sq.mu.Lock()
 	st := qp.State()
@@ -584,11 +610,15 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 		sq.busySince = nanotime()
 	}
 	for i := range wrs {
-		qp.enqueueLocked(&wrs[i])
+		qp.enqueueLocked(&wrs[i], i < 64 && local&(1<<i) != 0)
 	}
 	qp.armTimeoutLocked()
 	raceRelease()
 	sent := qp.transmitLocked()
+	if sq.locals > 0 {
+		qp.completeLocalsLocked()
+		qp.pushSendLocked()
+	}
 	qp.settleHeadLocked()
 	link := qp.link
 	sq.mu.Unlock()
@@ -598,13 +628,19 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 	return nil
 }
 
-func (qp *QP) enqueueLocked(wr *SendWR) {
+func (qp *QP) enqueueLocked(wr *SendWR, local bool) {
 	sq := &qp.sq
 	rec := &sq.ring[(sq.head+sq.count)%len(sq.ring)]
 	sq.count++
 	rec.id, rec.op, rec.signaled = wr.ID, wr.Op, wr.Signaled
-	rec.seq = sq.nextSeq
-	sq.nextSeq++
+	rec.local = local
+	if local {
+		rec.seq = 0 // never sent
+		sq.locals++
+	} else {
+		rec.seq = sq.nextSeq
+		sq.nextSeq++
+	}
 	rec.imm, rec.raddr, rec.rkey = wr.Imm, wr.RemoteAddr, wr.RKey
 	rec.err, rec.rnrTries, rec.received = StatusSuccess, 0, 0
 	if wr.Inline {
@@ -661,8 +697,12 @@ func (qp *QP) transmitLocked() bool {
 		if rec.err != StatusSuccess {
 			break
 		}
-		pkts = append(pkts, rec.packet())
 		sq.sent++
+		if rec.local {
+			continue // executed when posted
+		}
+		pkts = append(pkts, rec.packet())
+		sq.sentReqs++
 	}
 	if len(pkts) == 0 {
 		return false
@@ -737,6 +777,13 @@ func (qp *QP) completeHeadLocked(st Status) {
 	sq.count--
 	if sq.sent > 0 {
 		sq.sent--
+		if !rec.local {
+			sq.sentReqs--
+		}
+	}
+	if rec.local {
+		rec.local = false
+		sq.locals--
 	}
 	if sq.count == 0 {
 		sq.busySince = 0

@@ -241,6 +241,9 @@ func (qp *QP) onReadRequest(h *Header, p Payload) error {
 	}
 	qp.acknowledged() // the response acknowledges everything before it
 	qp.rs.expected++
+	if mr != nil && mr.pager != nil && qp.sharer != nil {
+		qp.offerRegion(mr)
+	}
 	qp.serveRead(h.Seq, mr, off, int(h.Len))
 	if mr != nil && mr.pager != nil && !qp.copyAtDelivery {
 		mr.endServe()
@@ -251,22 +254,38 @@ func (qp *QP) onReadRequest(h *Header, p Payload) error {
 // requester side -------------------------------------------------------------
 
 // headSeqLocked is the sequence number of the oldest outstanding request.
-func (qp *QP) headSeqLocked() uint32 { return qp.sq.nextSeq - uint32(qp.sq.count) }
+// Records executed here (local READs) have none and are not counted.
+func (qp *QP) headSeqLocked() uint32 { return qp.sq.nextSeq - uint32(qp.sq.count-qp.sq.locals) }
 
-// ackThroughLocked completes, as successes, the k oldest records, which must
-// all be transmitted SENDs or WRITEs: a READ completes only by its response.
+// ackThroughLocked completes, as successes, the k oldest requests sent to
+// the peer, which must all be SENDs or WRITEs (a READ completes only by its
+// response), and the local READs before and right after them.
 func (qp *QP) ackThroughLocked(k int) error {
 	sq := &qp.sq
-	if k > sq.sent {
-		return fmt.Errorf("acknowledges %d requests, only %d transmitted", k, sq.sent)
+	if k > sq.sentReqs {
+		return fmt.Errorf("acknowledges %d requests, only %d transmitted", k, sq.sentReqs)
 	}
-	for i := 0; i < k; i++ {
-		if sq.ring[sq.head].op == OpRead {
-			return fmt.Errorf("acknowledges READ %d without its response", sq.ring[sq.head].seq)
+	for i := 0; i < k; {
+		rec := &sq.ring[sq.head]
+		if !rec.local {
+			if rec.op == OpRead {
+				return fmt.Errorf("acknowledges READ %d without its response", rec.seq)
+			}
+			i++
 		}
 		qp.completeHeadLocked(StatusSuccess)
 	}
+	qp.completeLocalsLocked()
 	return nil
+}
+
+// completeLocalsLocked completes the local READs at the head of the send
+// queue: every record before them has completed.
+func (qp *QP) completeLocalsLocked() {
+	sq := &qp.sq
+	for sq.count > 0 && sq.ring[sq.head].local && !sq.flushed {
+		qp.completeHeadLocked(StatusSuccess)
+	}
 }
 
 func (qp *QP) onAck(h *Header) error {
@@ -318,7 +337,7 @@ func (qp *QP) onNak(h *Header) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
-	if sq.count == 0 || seqBefore(h.Seq, head) || int(h.Seq-head) >= sq.sent {
+	if sq.count == 0 || seqBefore(h.Seq, head) || int(h.Seq-head) >= sq.sentReqs {
 		sq.mu.Unlock()
 		return qp.protocolError("NAK %d for no transmitted request (oldest %d)", h.Seq, head)
 	}
@@ -337,7 +356,7 @@ func (qp *QP) onNak(h *Header) error {
 		if rec.rnrTries <= qp.rnrRetry {
 			// Go back N: the responder dropped everything after this
 			// request; send it all again after the RNR timer.
-			sq.sent = 0
+			sq.sent, sq.sentReqs = 0, 0
 			sq.rnrWait = true
 			if qp.rnrTimer == nil {
 				qp.rnrTimer = time.AfterFunc(qp.rnrTimeout, qp.onRNRTimer)
@@ -371,7 +390,7 @@ func (qp *QP) onReadResponse(h *Header, p Payload) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
-	if sq.count == 0 || seqBefore(h.Seq, head) || int(h.Seq-head) >= sq.sent {
+	if sq.count == 0 || seqBefore(h.Seq, head) || int(h.Seq-head) >= sq.sentReqs {
 		sq.mu.Unlock()
 		return qp.protocolError("READ response %d for no transmitted request (oldest %d)", h.Seq, head)
 	}
@@ -404,6 +423,7 @@ func (qp *QP) onReadResponse(h *Header, p Payload) error {
 	}
 	sq.mu.Lock()
 	qp.completeHeadLocked(StatusSuccess)
+	qp.completeLocalsLocked()
 	qp.pushSendLocked()
 	qp.settleHeadLocked()
 	sq.mu.Unlock()
@@ -444,7 +464,7 @@ func (qp *QP) expectReadResponse(least int, e *ExpectedPayload) bool {
 	}
 	rec := &sq.ring[sq.head]
 	rest := rec.length - rec.received
-	if rec.op != OpRead || rec.err != StatusSuccess || int(rest) < least {
+	if rec.op != OpRead || rec.local || rec.err != StatusSuccess || int(rest) < least {
 		return false
 	}
 	off := int(rec.received)

@@ -211,7 +211,7 @@ func FuzzIdentify(f *testing.F) {
 }
 
 // FuzzLogPages: the log page decoders (error information, SMART / health,
-// firmware slot, commands supported and effects).
+// firmware slot, changed namespace list, commands supported and effects).
 func FuzzLogPages(f *testing.F) {
 	for _, s := range logSeeds() {
 		f.Add(s)
@@ -243,6 +243,15 @@ func FuzzLogPages(f *testing.F) {
 		if fx.Unmarshal(b) == nil {
 			if !bytes.Equal(fx.Marshal()[:2048], b[:2048]) { // 2048-4095 are reserved
 				t.Fatalf("effects log round trip changed bytes")
+			}
+		}
+		if ids, overflow, err := ParseChangedNamespaceList(b); err == nil {
+			back, backOverflow, err := ParseChangedNamespaceList(MarshalChangedNamespaceList(ids))
+			if overflow {
+				back, backOverflow, err = ParseChangedNamespaceList(MarshalChangedNamespaceList(make([]uint32, 1025)))
+			}
+			if err != nil || backOverflow != overflow || !slices.Equal(back, ids) {
+				t.Fatalf("changed namespace list round trip: %v %v (%v), want %v %v", back, backOverflow, err, ids, overflow)
 			}
 		}
 		if len(b) >= 8 {

@@ -93,6 +93,8 @@ func logSeeds() [][]byte {
 		h.Marshal(),
 		must(fw.Marshal()),
 		fx.Marshal(),
+		MarshalChangedNamespaceList([]uint32{1, 7, 0xfffffffe}),
+		MarshalChangedNamespaceList(make([]uint32, 2000)),
 	}
 }
 

@@ -337,3 +337,49 @@ func (l *CommandEffectsLog) Unmarshal(b []byte) error {
 	}
 	return nil
 }
+
+// ChangedNamespaceListSize is the size of the Changed Namespace List log
+// (0x04): up to 1024 NSIDs.
+const ChangedNamespaceListSize = 4096
+
+// ChangedNamespaceListOverflow is the first entry of a Changed Namespace
+// List log that lost count: more than 1024 namespaces changed, so the host
+// must look at every one.
+const ChangedNamespaceListOverflow uint32 = 0xffffffff
+
+// MarshalChangedNamespaceList encodes the Changed Namespace List log: the
+// NSIDs in order, zero-filled; more than 1024 are the overflow entry alone.
+func MarshalChangedNamespaceList(nsids []uint32) []byte {
+	b := make([]byte, ChangedNamespaceListSize)
+	if len(nsids) > ChangedNamespaceListSize/4 {
+		le.PutUint32(b, ChangedNamespaceListOverflow)
+		return b
+	}
+	for i, id := range nsids {
+		le.PutUint32(b[4*i:], id)
+	}
+	return b
+}
+
+// ParseChangedNamespaceList decodes a Changed Namespace List log (or its
+// first part: a multiple of 4 bytes): the NSIDs up to the first zero entry.
+// overflow is set when the controller lost count (the list is then empty):
+// every namespace may have changed.
+func ParseChangedNamespaceList(b []byte) (nsids []uint32, overflow bool, err error) {
+	if len(b)%4 != 0 || len(b) > ChangedNamespaceListSize {
+		return nil, false, fmt.Errorf("nvme: changed namespace list of %d bytes: want a multiple of 4 up to %d", len(b), ChangedNamespaceListSize)
+	}
+	for i := 0; i < len(b); i += 4 {
+		id := le.Uint32(b[i:])
+		switch {
+		case id == 0:
+			return nsids, false, nil
+		case id == ChangedNamespaceListOverflow && i == 0:
+			return nil, true, nil
+		case id == ChangedNamespaceListOverflow:
+			return nil, false, fmt.Errorf("nvme: changed namespace list: entry %d is the overflow marker", i/4)
+		}
+		nsids = append(nsids, id)
+	}
+	return nsids, false, nil
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -153,5 +154,37 @@ func TestCommandEffectsLog(t *testing.T) {
 	var back CommandEffectsLog
 	if err := back.Unmarshal(b); err != nil || back != l {
 		t.Fatalf("round trip: %v", err)
+	}
+}
+
+func TestChangedNamespaceList(t *testing.T) {
+	b := MarshalChangedNamespaceList([]uint32{3, 1, 9})
+	if len(b) != ChangedNamespaceListSize {
+		t.Fatalf("log of %d bytes", len(b))
+	}
+	ids, overflow, err := ParseChangedNamespaceList(b)
+	if err != nil || overflow || !slices.Equal(ids, []uint32{3, 1, 9}) {
+		t.Fatalf("parsed %v overflow %v (%v)", ids, overflow, err)
+	}
+	// A host may read the first part only.
+	if ids, _, err := ParseChangedNamespaceList(b[:8]); err != nil || !slices.Equal(ids, []uint32{3, 1}) {
+		t.Fatalf("first 8 bytes: %v (%v)", ids, err)
+	}
+	many := make([]uint32, 1025)
+	for i := range many {
+		many[i] = uint32(i + 1)
+	}
+	if ids, overflow, err := ParseChangedNamespaceList(MarshalChangedNamespaceList(many)); err != nil || !overflow || ids != nil {
+		t.Fatalf("1025 changed: %v overflow %v (%v), want the overflow entry", ids, overflow, err)
+	}
+	if ids, overflow, err := ParseChangedNamespaceList(MarshalChangedNamespaceList(many[:1024])); err != nil || overflow || len(ids) != 1024 {
+		t.Fatalf("1024 changed: %d overflow %v (%v)", len(ids), overflow, err)
+	}
+	bad := MarshalChangedNamespaceList([]uint32{1, ChangedNamespaceListOverflow})
+	if _, _, err := ParseChangedNamespaceList(bad); err == nil {
+		t.Fatal("an overflow marker after an NSID parsed")
+	}
+	if _, _, err := ParseChangedNamespaceList(b[:6]); err == nil {
+		t.Fatal("6 bytes parsed")
 	}
 }

@@ -32,6 +32,8 @@ type cRegionConfig struct {
 	queueCap  int
 	holes     []int64 // page pairs [start, end)
 	notifyFd  int
+	dataFd    int // memory files of a shareable region; -1: anonymous
+	statesFd  int
 }
 
 func newCRegion(cfg cRegionConfig) (*cRegion, error) {
@@ -52,7 +54,8 @@ func newCRegion(cfg cRegionConfig) (*cRegion, error) {
 	var c *C.struct_swap_region
 	var stage *C.char
 	rc := C.swap_region_create(&c, C.uint64_t(cfg.size), useUffd, C.int(cfg.backingFd), C.int(cfg.threads),
-		C.uint64_t(cfg.queueCap), holesPtr, C.size_t(len(cfg.holes)/2), C.int(cfg.notifyFd), &stage)
+		C.uint64_t(cfg.queueCap), holesPtr, C.size_t(len(cfg.holes)/2), C.int(cfg.notifyFd),
+		C.int(cfg.dataFd), C.int(cfg.statesFd), &stage)
 	if rc != 0 {
 		return nil, fmt.Errorf("%s: %w", C.GoString(stage), syscall.Errno(-rc))
 	}

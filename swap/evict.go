@@ -62,7 +62,7 @@ func (r *Region) reclaim(want int) int {
 
 	r.polMu.Lock()
 	for limit := r.pol.len() + 1; len(clean)+len(dirty) < want && limit > 0; limit-- {
-		c, ok := r.pol.next(r.states)
+		c, ok := r.pol.next(referenced{r.states, r.shared.access})
 		if !ok {
 			break
 		}

@@ -141,7 +141,7 @@ func (r *Region) minorFault(page int, h hold) (bool, error) {
 func (r *Region) majorFault(page, ahead int, h hold) (bool, error) {
 	start := time.Now()
 	n := 1
-	for limit := min(ahead, maxRun, r.npages-page); n < limit; n++ {
+	for limit := min(ahead, maxRun, r.NumPages()-page); n < limit; n++ {
 		w := &r.states[page+n]
 		s := atomic.LoadUint64(w)
 		if s&(StatePresent|StateBusy) != 0 || r.isZero(page+n, s) ||

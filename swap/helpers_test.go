@@ -43,11 +43,23 @@ func openDevice(t testing.TB, path string) *blockdev.File {
 	return dev
 }
 
+// shareAll makes the tests' regions shareable (TestShareable runs tests so).
+var shareAll bool
+
+// testOptions are the options every test region gets, before its own.
+func testOptions(opts ...Option) []Option {
+	base := []Option{WithLogger(quietLogger())}
+	if shareAll {
+		base = append(base, WithShareable())
+	}
+	return append(base, opts...)
+}
+
 // newRegion creates a region over a fresh sparse file of size bytes.
 func newRegion(t testing.TB, size int64, opts ...Option) (*Region, *blockdev.File) {
 	t.Helper()
 	dev := openDevice(t, newBackingFile(t, size))
-	opts = append([]Option{WithLogger(quietLogger())}, opts...)
+	opts = testOptions(opts...)
 	r, err := New(dev, opts...)
 	if err != nil {
 		t.Fatal(err)

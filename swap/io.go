@@ -517,7 +517,7 @@ func (r *Region) adviser() {
 // the page is a zero page (its content need not be read). It never blocks and
 // never faults.
 func (r *Region) ReadBegin(page int) (seq uint64, zero, ok bool) {
-	if page < 0 || page >= r.npages {
+	if page < 0 || int64(page) >= r.npages.Load() {
 		return 0, false, false
 	}
 	w := &r.states[page]

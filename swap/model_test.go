@@ -52,8 +52,7 @@ func runModel(t *testing.T, policy Policy) {
 	seed := testSeed(t)
 	path := newBackingFile(t, pages*PageSize)
 	dev := openDevice(t, path)
-	r, err := New(dev, WithBudget(budget*PageSize), WithPolicy(policy), WithDirtyLimit(budget/2),
-		WithLogger(quietLogger()))
+	r, err := New(dev, testOptions(WithBudget(budget*PageSize), WithPolicy(policy), WithDirtyLimit(budget/2))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,6 +44,7 @@ func ParsePolicy(s string) (Policy, error) {
 
 type config struct {
 	size             int64 // 0: the device size
+	maxSize          int64 // 0: size (no growth)
 	budget           int64 // bytes; 0: default
 	policy           Policy
 	dirtyLimit       int // pages; 0: default
@@ -56,6 +57,7 @@ type config struct {
 	zeroScan         bool
 	reclaimTimeout   time.Duration
 	adviseQueue      int
+	shareable        bool
 }
 
 func defaultConfig() config {
@@ -77,12 +79,19 @@ type Option func(*config)
 
 // WithBudget sets the DRAM budget in bytes: the explicit API never holds more
 // than budget/PageSize pages resident. Default: a quarter of the region, at
-// least 16 pages; a budget above the region size is clamped to it.
+// least 16 pages; a budget above the region's maximum size (WithMaxSize) is
+// clamped to it.
 func WithBudget(bytes int64) Option { return func(c *config) { c.budget = bytes } }
 
 // WithSize sets the region size in bytes (a positive multiple of PageSize, at
 // most the device size). Default: the device size rounded down to PageSize.
 func WithSize(bytes int64) Option { return func(c *config) { c.size = bytes } }
+
+// WithMaxSize reserves address space (the mapping and its state table, both
+// NORESERVE: nothing is committed) for the region to Grow to bytes (a
+// multiple of PageSize) while it is in use. Default: the region's size, so
+// that it cannot grow.
+func WithMaxSize(bytes int64) Option { return func(c *config) { c.maxSize = bytes } }
 
 // WithPolicy selects the eviction policy (default DefaultPolicy).
 func WithPolicy(p Policy) Option { return func(c *config) { c.policy = p } }
@@ -125,3 +134,11 @@ func WithZeroScan(on bool) Option { return func(c *config) { c.zeroScan = on } }
 // page can be evicted (everything dirty and writeback failing, or all pages
 // busy) before it fails with ErrNoMemory (default 10 s).
 func WithReclaimTimeout(d time.Duration) Option { return func(c *config) { c.reclaimTimeout = d } }
+
+// WithShareable keeps the region's memory, its page state table and an
+// access map in memory files that another process on the host may map and
+// read in place under the seqlock (ShareFiles; nprdma/shm does), instead
+// of anonymous memory (default off). A page is then released by punching a
+// hole in the memory file, one system call per run of pages, and Close
+// truncates the file, so a peer's mapping holds no memory afterwards.
+func WithShareable() Option { return func(c *config) { c.shareable = true } }

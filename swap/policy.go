@@ -15,7 +15,7 @@ type evictionPolicy interface {
 	// next removes and returns the page the policy would evict now, after
 	// giving referenced pages their second chance. The caller owns the
 	// candidate until it returns it through putBack, evicted or dropped.
-	next(states []uint64) (candidate, bool)
+	next(ref referenced) (candidate, bool)
 	// putBack returns a candidate that could not be evicted now.
 	putBack(c candidate)
 	// evicted records that a candidate left memory.
@@ -45,14 +45,31 @@ func newPolicy(p Policy, budget int) evictionPolicy {
 	return &s3fifoPolicy{smallTarget: small, ghost: newGhostSet(max(1, budget-small))}
 }
 
-// testAndClearReferenced clears the referenced bit and reports whether it was
-// set on a present page.
-func testAndClearReferenced(states []uint64, page uint32) bool {
-	if atomic.LoadUint64(&states[page])&StateReferenced == 0 {
+// referenced is where the policy learns of accesses: the referenced bit of
+// the state words, and for a shareable region the access map that readers
+// in other processes set (they cannot write the state words).
+type referenced struct {
+	states []uint64
+	access []uint64 // one bit per page; nil unless shareable
+}
+
+// testAndClear clears the page's referenced bit and access bit and reports
+// whether either was set on a present page.
+func (ref referenced) testAndClear(page uint32) bool {
+	w := &ref.states[page]
+	peer := false
+	if ref.access != nil {
+		// Written only when set: a store would allocate a hole of the map.
+		a, bit := &ref.access[page/64], uint64(1)<<(page%64)
+		if atomic.LoadUint64(a)&bit != 0 {
+			peer = atomic.AndUint64(a, ^bit)&bit != 0
+		}
+	}
+	if !peer && atomic.LoadUint64(w)&StateReferenced == 0 {
 		return false
 	}
-	old := atomic.AndUint64(&states[page], ^StateReferenced)
-	return old&StateReferenced != 0 && old&StatePresent != 0
+	old := atomic.AndUint64(w, ^StateReferenced)
+	return (peer || old&StateReferenced != 0) && old&StatePresent != 0
 }
 
 // clockPolicy is CLOCK written as a FIFO with reinsertion: the head is the
@@ -68,12 +85,12 @@ func (p *clockPolicy) putBack(c candidate) {
 func (p *clockPolicy) evicted(candidate) {}
 func (p *clockPolicy) dropped(candidate) {}
 
-func (p *clockPolicy) next(states []uint64) (candidate, bool) {
+func (p *clockPolicy) next(ref referenced) (candidate, bool) {
 	// Every reinsertion clears a bit, so two laps always find a victim
 	// unless accessors keep setting bits as fast as the hand clears them.
 	for laps := 2*p.q.len() + 1; laps > 0 && p.q.len() > 0; laps-- {
 		page := p.q.popFront()
-		if testAndClearReferenced(states, page) {
+		if ref.testAndClear(page) {
 			p.q.pushBack(page)
 			continue
 		}
@@ -124,11 +141,11 @@ func (p *s3fifoPolicy) evicted(c candidate) {
 
 func (p *s3fifoPolicy) dropped(candidate) {}
 
-func (p *s3fifoPolicy) next(states []uint64) (candidate, bool) {
+func (p *s3fifoPolicy) next(ref referenced) (candidate, bool) {
 	for steps := 2*p.len() + 1; steps > 0; steps-- {
 		if p.small.len() > 0 && (p.small.len() > p.smallTarget || p.main.len() == 0) {
 			page := p.small.popFront()
-			if testAndClearReferenced(states, page) {
+			if ref.testAndClear(page) {
 				p.main.pushBack(page)
 				continue
 			}
@@ -138,7 +155,7 @@ func (p *s3fifoPolicy) next(states []uint64) (candidate, bool) {
 			return candidate{}, false
 		}
 		page := p.main.popFront()
-		if testAndClearReferenced(states, page) {
+		if ref.testAndClear(page) {
 			p.main.pushBack(page)
 			continue
 		}

@@ -45,10 +45,14 @@ type Region struct {
 	log    *slog.Logger
 	obs    Observer
 	c      *cRegion
-	mem    []byte
-	states []uint64
-	npages int
-	holes  holeList
+	mem    []byte   // the whole reservation (maxPages)
+	states []uint64 // the whole reservation (maxPages)
+	// npages is the region's size in pages; Grow raises it up to maxPages,
+	// under growMu. Nothing reads a page at or beyond it.
+	npages   atomic.Int64
+	maxPages int64
+	growMu   sync.Mutex
+	holes    holeList
 
 	budget   int64  // pages
 	margin   int64  // pages the evictor keeps free
@@ -80,6 +84,7 @@ type Region struct {
 	adviseQ    chan span
 	notify     *os.File // eventfd the fault threads signal after a fill
 	notifyDone chan struct{}
+	shared     sharedFiles // WithShareable
 }
 
 type span struct{ off, length int64 }
@@ -114,14 +119,22 @@ func New(dev blockdev.Device, opts ...Option) (*Region, error) {
 		return fail(fmt.Errorf("%w: device holds %d bytes, less than one page", blockdev.ErrTooSmall, dev.Size()))
 	}
 	npages := size / PageSize
-	if npages > 1<<32-1 {
-		return fail(fmt.Errorf("%d pages exceed the limit of 2^32-1", npages))
+	maxPages := npages
+	if cfg.maxSize != 0 {
+		if cfg.maxSize%PageSize != 0 || cfg.maxSize < size {
+			return fail(fmt.Errorf("maximum size %d is not a multiple of %d at least the size %d", cfg.maxSize, PageSize, size))
+		}
+		maxPages = cfg.maxSize / PageSize
+	}
+	if maxPages > 1<<32-1 {
+		return fail(fmt.Errorf("%d pages exceed the limit of 2^32-1", maxPages))
 	}
 	budget := cfg.budget / PageSize
 	if cfg.budget == 0 {
 		budget = npages / 4
 	}
-	budget = min(max(budget, minBudget), npages)
+	budget = min(max(budget, minBudget), maxPages)
+
 	if cfg.policy != PolicyCLOCK && cfg.policy != PolicyS3FIFO {
 		return fail(fmt.Errorf("unknown eviction policy %v", cfg.policy))
 	}
@@ -145,7 +158,7 @@ func New(dev blockdev.Device, opts ...Option) (*Region, error) {
 		cfg:        cfg,
 		log:        cfg.logger.With("region", path),
 		obs:        cfg.observer,
-		npages:     int(npages),
+		maxPages:   maxPages,
 		holes:      holes,
 		budget:     budget,
 		stop:       make(chan struct{}),
@@ -162,11 +175,13 @@ func New(dev blockdev.Device, opts ...Option) (*Region, error) {
 		r.margin = min(max(budget/16, 1), 4096)
 	}
 	r.margin = min(r.margin, budget-1)
-	if budget == npages {
-		// Every page fits: nothing will ever need a free slot, and a margin
-		// would only keep part of a fully budgeted region out of memory.
+	if budget == maxPages {
+		// Every page fits, even after growth: nothing will ever need a free
+		// slot, and a margin would only keep part of a fully budgeted
+		// region out of memory.
 		r.margin = 0
 	}
+	r.npages.Store(npages)
 	r.dirtyLimit = int64(cfg.dirtyLimit)
 	if cfg.dirtyLimit <= 0 {
 		r.dirtyLimit = max(budget/4, 1)
@@ -190,16 +205,30 @@ func New(dev blockdev.Device, opts ...Option) (*Region, error) {
 	if haveFd {
 		backingFd = int(fd)
 	}
+	if cfg.shareable {
+		// The files cover the reservation (sparse until written): the
+		// region maps them whole, and Grow only raises npages.
+		if err := r.shared.open(maxPages); err != nil {
+			r.shared.close()
+			if r.notify != nil {
+				r.notify.Close()
+			}
+			return fail(fmt.Errorf("shareable memory: %w", err))
+		}
+	}
 	c, err := newCRegion(cRegionConfig{
-		size:      size,
+		size:      maxPages * PageSize,
 		uffd:      cfg.uffd,
 		backingFd: backingFd,
 		threads:   max(cfg.faultThreads, 1),
 		queueCap:  int(min(max(budget, 4096), 1<<20)),
 		holes:     holes,
 		notifyFd:  notifyFd,
+		dataFd:    fileFD(r.shared.data),
+		statesFd:  fileFD(r.shared.states),
 	})
 	if err != nil {
+		r.shared.close()
 		if r.notify != nil {
 			r.notify.Close()
 		}
@@ -235,13 +264,45 @@ func New(dev blockdev.Device, opts ...Option) (*Region, error) {
 }
 
 // Size is the region's size in bytes.
-func (r *Region) Size() int64 { return int64(r.npages) * PageSize }
+func (r *Region) Size() int64 { return r.npages.Load() * PageSize }
+
+// MaxSize is the size the region may Grow to (WithMaxSize).
+func (r *Region) MaxSize() int64 { return r.maxPages * PageSize }
 
 // PageSize is the region's page size (4096).
 func (r *Region) PageSize() int { return PageSize }
 
 // NumPages is the number of pages in the region.
-func (r *Region) NumPages() int { return r.npages }
+func (r *Region) NumPages() int { return int(r.npages.Load()) }
+
+// Grow makes the region size bytes long: a multiple of PageSize, at least
+// its size and at most MaxSize, and the device must hold that much already
+// (blockdev.Grow). The pages added are absent and fault in from the device
+// like any other (a grown file's new range is a hole: zeros). Bytes and
+// States cover the new size from then on; a registration made before
+// (nprdma.PD.RegisterUnpinned takes Bytes once) keeps its length. The budget
+// does not change. Operations in flight are not disturbed: those admitted
+// before the growth were checked against the old size, which stays valid.
+func (r *Region) Grow(size int64) error {
+	r.growMu.Lock()
+	defer r.growMu.Unlock()
+	fail := func(err error) error { return &Error{Op: "grow", Path: r.path, Err: err} }
+	if !r.enter() {
+		return fail(ErrClosed)
+	}
+	defer r.exit()
+	cur := r.Size()
+	switch {
+	case size%PageSize != 0 || size < cur:
+		return fail(fmt.Errorf("size %d is not a multiple of %d at least the region's %d bytes", size, PageSize, cur))
+	case size > r.MaxSize():
+		return fail(fmt.Errorf("%w: size %d is beyond the %d bytes reserved for the region (WithMaxSize)", ErrOutOfRange, size, r.MaxSize()))
+	case size > r.dev.Size():
+		return fail(fmt.Errorf("%w: size %d is beyond the device's %d bytes (grow the device first)", ErrOutOfRange, size, r.dev.Size()))
+	}
+	r.npages.Store(size / PageSize)
+	return nil
+}
 
 // Path names the backing device.
 func (r *Region) Path() string { return r.path }
@@ -252,11 +313,16 @@ func (r *Region) Path() string { return r.path }
 // dirty and may be lost; write with WriteAt. Unless WithoutUserfaultfd, a page
 // whose backing read fails repeatedly raises SIGBUS in the toucher (see
 // runtime/debug.SetPanicOnFault).
-func (r *Region) Bytes() []byte { return r.mem }
+func (r *Region) Bytes() []byte {
+	if r.mem == nil {
+		return nil // closed
+	}
+	return r.mem[:r.Size()]
+}
 
 // States is the page state word table (see state.go). Callers must use atomic
 // loads only and must not write it.
-func (r *Region) States() []uint64 { return r.states }
+func (r *Region) States() []uint64 { return r.states[:r.npages.Load()] }
 
 // Budget is the DRAM budget in pages.
 func (r *Region) Budget() int { return int(r.budget) }
@@ -290,7 +356,7 @@ type Stats struct {
 func (r *Region) Stats() Stats {
 	st := Stats{
 		Policy:          r.cfg.policy.String(),
-		Pages:           int64(r.npages),
+		Pages:           r.npages.Load(),
 		Budget:          r.budget,
 		Dirty:           r.dirty.count.Load(),
 		MinorFaults:     r.minorFaults.Load(),
@@ -356,6 +422,7 @@ func (r *Region) Close() error {
 	r.closeMu.Lock()
 	r.c.destroy()
 	r.c = nil
+	r.shared.close()
 	r.closeMu.Unlock()
 	if r.notify != nil {
 		r.notify.Close()

@@ -236,7 +236,7 @@ func TestHolesFaultMinorAndDataFaultsMajor(t *testing.T) {
 func newRegionOver(t testing.TB, path string, opts ...Option) (*Region, *blockdev.File) {
 	t.Helper()
 	dev := openDevice(t, path)
-	r, err := New(dev, append([]Option{WithLogger(quietLogger())}, opts...)...)
+	r, err := New(dev, testOptions(opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
 #include <sched.h>
@@ -106,10 +107,21 @@ static void uffd_wake(struct swap_region *r, uint64_t addr) {
 	ioctl(r->uffd, UFFDIO_WAKE, &rng);
 }
 
+// punch releases the pages of [addr, addr+len) of a shared region: a hole in
+// its memory file, which unmaps them from every process that maps it.
+static int punch(struct swap_region *r, uint64_t addr, uint64_t len) {
+	if (fallocate(r->data_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(addr - (uint64_t)r->base),
+		      (off_t)len) != 0)
+		return -errno;
+	return 0;
+}
+
 // map_page maps one absent page (src NULL: the zero page). Called under the
 // page's maplock with present clear, so nothing valid is mapped there; an
 // EEXIST can only be a leftover marker (such as a poisoned entry after a
-// failed fill), which is zapped before trying again.
+// failed fill) or, in a shared region, a page another process's mapping
+// allocated by touching the hole (a reader that does not follow the
+// protocol): either is zapped before trying again.
 static int map_page(struct swap_region *r, uint64_t addr, const void *src) {
 	if (r->uffd < 0) {
 		// Without userfaultfd the released page reads zeros already; a
@@ -132,6 +144,8 @@ static int map_page(struct swap_region *r, uint64_t addr, const void *src) {
 		int err = errno;
 		if (err == EEXIST && attempt == 0) {
 			madvise((void *)addr, PS, MADV_DONTNEED);
+			if (r->data_fd >= 0)
+				punch(r, addr, PS);
 			continue;
 		}
 		if ((err == EAGAIN || err == EINTR) && attempt < 100)
@@ -400,7 +414,7 @@ void swap_region_destroy(struct swap_region *r) {
 
 int swap_region_create(struct swap_region **out, uint64_t size, int use_uffd, int backing_fd,
 		       int nthreads, uint64_t qcap, const uint64_t *holes, size_t nholes,
-		       int notify_fd, const char **stage) {
+		       int notify_fd, int data_fd, int states_fd, const char **stage) {
 	*out = NULL;
 	*stage = "allocate";
 	if (size == 0 || size % PS != 0 || qcap == 0)
@@ -412,6 +426,7 @@ int swap_region_create(struct swap_region **out, uint64_t size, int use_uffd, in
 		return -ENOMEM;
 	r->uffd = -1;
 	r->stop_fd = -1;
+	r->data_fd = data_fd;
 	r->self_pidfd = syscall(SYS_pidfd_open, getpid(), 0);
 	r->batch_discard = r->self_pidfd >= 0;
 	r->backing_fd = backing_fd;
@@ -425,7 +440,8 @@ int swap_region_create(struct swap_region **out, uint64_t size, int use_uffd, in
 	int err;
 
 	*stage = "mmap region";
-	void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	void *base = data_fd >= 0 ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, data_fd, 0)
+				  : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (base == MAP_FAILED) {
 		err = -errno;
 		goto fail;
@@ -437,8 +453,9 @@ int swap_region_create(struct swap_region **out, uint64_t size, int use_uffd, in
 
 	*stage = "mmap state table";
 	r->states_bytes = (size_t)((r->npages * 8 + PS - 1) / PS * PS);
-	void *states = mmap(NULL, r->states_bytes, PROT_READ | PROT_WRITE,
-			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	void *states = states_fd >= 0 ? mmap(NULL, r->states_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, states_fd, 0)
+				      : mmap(NULL, r->states_bytes, PROT_READ | PROT_WRITE,
+					     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (states == MAP_FAILED) {
 		err = -errno;
 		goto fail;
@@ -565,7 +582,7 @@ void swap_heal(struct swap_region *r, uint64_t page) {
 	uint64_t *w = &r->states[page];
 	page_lock(w);
 	if (!(load_state(w) & SWAP_PRESENT))
-		madvise(r->base + page * PS, PS, MADV_DONTNEED);
+		madvise(r->base + page * PS, PS, MADV_DONTNEED); // the marker is in this mapping only
 	page_unlock(w);
 }
 
@@ -576,7 +593,16 @@ void swap_heal(struct swap_region *r, uint64_t page) {
 // batch). process_madvise on our own pidfd (MADV_DONTNEED there: Linux 6.13)
 // releases them all with one flush. Where the kernel refuses it, discard
 // falls back to madvise for good.
+//
+// A shared region's pages live in its memory file: a hole punched there is
+// what releases them (MADV_DONTNEED would only unmap them here), one system
+// call per range.
 static void discard(struct swap_region *r, struct iovec *iov, size_t n) {
+	if (r->data_fd >= 0) {
+		for (size_t i = 0; i < n; i++)
+			punch(r, (uint64_t)iov[i].iov_base, iov[i].iov_len);
+		return;
+	}
 	if (__atomic_load_n(&r->batch_discard, __ATOMIC_RELAXED)) {
 		size_t want = 0;
 		for (size_t i = 0; i < n; i++)

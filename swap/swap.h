@@ -46,6 +46,7 @@ struct swap_region {
 	uint64_t npages;
 	uint64_t *states;       // NORESERVE mapping, npages words
 	size_t states_bytes;
+	int data_fd;            // the region's memory file when shareable; -1: anonymous
 	int uffd;               // -1 without userfaultfd
 	int backing_fd;         // -1 when unknown (only allowed without userfaultfd)
 	int stop_fd;            // eventfd: stops the fault threads
@@ -82,11 +83,14 @@ struct swap_region {
 
 // swap_region_create maps a region of size bytes (a multiple of the page
 // size) and its state table, and with use_uffd registers the region with a
-// new userfaultfd served by nthreads threads that read backing_fd. It returns
-// 0 or a negative errno, and in *stage names the step that failed.
+// new userfaultfd served by nthreads threads that read backing_fd. With
+// data_fd and states_fd (memory files of the caller's, or -1) the region and
+// the table are shared mappings of them, which other processes may map too;
+// a page is then released by punching a hole in data_fd. It returns 0 or a
+// negative errno, and in *stage names the step that failed.
 int swap_region_create(struct swap_region **out, uint64_t size, int use_uffd, int backing_fd,
 		       int nthreads, uint64_t qcap, const uint64_t *holes, size_t nholes,
-		       int notify_fd, const char **stage);
+		       int notify_fd, int data_fd, int states_fd, const char **stage);
 
 // swap_region_destroy stops the fault threads, closes the userfaultfd and
 // unmaps everything. Nothing may touch the region afterwards.

@@ -11,10 +11,6 @@ const (
 	maxAERs          = 4 // AERL+1
 )
 
-// supportedAEC: no asynchronous events are generated yet, so none may be
-// enabled (nvmet refuses unsupported bits the same way).
-const supportedAEC nvme.AsyncEventConfig = 0
-
 // admin executes an admin command of a connected controller; on the
 // receive loop (inline) only those that never wait (inlineAdmin).
 func (c *controller) admin(r Request, inline bool) result {
@@ -59,6 +55,9 @@ func (c *controller) admin(r Request, inline bool) result {
 		}
 		if c.gone {
 			return result{err: nvme.Errorf(nvme.StatusAbortedSQDeleted, "controller %d gone", c.id)}
+		}
+		if dw0, ok := c.takeNoticeLocked(); ok {
+			return result{dw0: dw0}
 		}
 		c.aers = append(c.aers, r)
 		return result{parked: true}
@@ -220,6 +219,7 @@ func (c *controller) identifyController() *nvme.IdentifyController {
 	}
 	if !c.discovery() {
 		id.NPToken = c.token
+		id.OAES = uint32(supportedAEC)
 	}
 	if c.discovery() {
 		id.SN = "discovery"
@@ -285,6 +285,8 @@ func (c *controller) getLogPage(r Request) result {
 			return result{err: nvme.Errorf(nvme.StatusInternalError, "firmware log: %w", err)}
 		}
 		log = b
+	case p.LID == nvme.LogChangedNamespaces:
+		log = c.changedNamespaceLog(p.RAE)
 	case p.LID == nvme.LogCommandEffects:
 		log = commandEffects(c.port.oneSided).Marshal()
 	default:
@@ -418,8 +420,10 @@ func (c *controller) regionDescriptor(r Request) result {
 		return result{err: nvme.Errorf(nvme.StatusInternalError, "register namespace %d: %w", n.nsid, err)}
 	}
 	d := nvme.RegionDescriptor{Format: nvme.RegionDescriptorFormat1,
-		Flags:    nvme.RegionRemoteRead | nvme.RegionUnpinned | nvme.RegionAdvise,
-		PageSize: BlockSize, Address: mr.Addr(), Length: uint64(n.Size()), RKey: mr.RKey(),
+		Flags: nvme.RegionRemoteRead | nvme.RegionUnpinned | nvme.RegionAdvise,
+		// The registration's length, not the namespace's: a resize since
+		// (ResizeNamespace) is covered by the next registration.
+		PageSize: BlockSize, Address: mr.Addr(), Length: uint64(mr.Len()), RKey: mr.RKey(),
 		LBASize: BlockSize, Magic: mr.Magic()}
 	if n.Pinned() {
 		// Every page is always there: no magic page to look for (the field
@@ -438,7 +442,9 @@ func (c *controller) regionDescriptor(r Request) result {
 
 // discoveryLog lists, for each subsystem this controller's host may access,
 // the I/O ports of the transport the host reached the discovery controller
-// over: a host that discovers over NVMe/TCP is pointed at NVMe/TCP ports.
+// over: a host that discovers over NVMe/TCP is pointed at NVMe/TCP ports,
+// one over the nprdma fabric at every fabric port (shared-memory ones
+// included, for hosts on this machine).
 func (c *controller) discoveryLog() ([]byte, error) {
 	t := c.t
 	l := nvme.DiscoveryLog{GenCtr: t.genCtr.Load()}

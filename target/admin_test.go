@@ -275,7 +275,14 @@ func TestAdminCommands(t *testing.T) {
 	if err != nil || !nvme.VolatileWriteCacheEnabled(cqe.DW0) {
 		t.Fatalf("VWC %d %v", cqe.DW0, err)
 	}
-	_, err = q.Submit(context.Background(), nvme.SetFeaturesCommand(nvme.FeatureAsyncEventConfig, uint32(nvme.AECNamespaceAttribute), false), nil)
+	if _, err = q.Submit(context.Background(), nvme.SetFeaturesCommand(nvme.FeatureAsyncEventConfig, uint32(nvme.AECNamespaceAttribute), false), nil); err != nil {
+		t.Fatalf("enabling namespace attribute notices: %v", err)
+	}
+	cqe, err = q.Submit(context.Background(), nvme.GetFeaturesCommand(nvme.FeatureAsyncEventConfig, nvme.SelectCurrent, 0), nil)
+	if err != nil || cqe.DW0 != uint32(nvme.AECNamespaceAttribute) {
+		t.Fatalf("async event configuration %#x %v", cqe.DW0, err)
+	}
+	_, err = q.Submit(context.Background(), nvme.SetFeaturesCommand(nvme.FeatureAsyncEventConfig, uint32(nvme.AECFirmwareActivation), false), nil)
 	wantStatus(t, err, nvme.StatusInvalidField)
 	_, err = q.Submit(context.Background(), nvme.SetFeaturesCommand(nvme.FeatureArbitration, 0, false), nil)
 	wantStatus(t, err, nvme.StatusInvalidField)

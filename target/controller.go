@@ -245,7 +245,9 @@ type controller struct {
 	ioGrant  int // I/O queues granted (Number of Queues)
 	ioQueues map[uint16]*queueConn
 	mrs      map[uint32]*nprdma.MR
+	retired  map[uint32][]*nprdma.MR // registrations of a namespace before it grew (retireRegion)
 	aers     []Request
+	events   nsEvents
 	aec      uint32
 	vwc      bool
 	gone     bool
@@ -458,8 +460,7 @@ func (c *controller) stop() (finish func(why string)) {
 		q.fence()
 	}
 	c.ioQueues = map[uint16]*queueConn{}
-	mrs := c.mrs
-	c.mrs = map[uint32]*nprdma.MR{}
+	mrs := c.takeRegionsLocked()
 	aers := c.aers
 	c.aers = nil
 	c.mu.Unlock()
@@ -501,8 +502,7 @@ func (c *controller) reset() {
 		qs = append(qs, q)
 	}
 	c.ioQueues = map[uint16]*queueConn{}
-	mrs := c.mrs
-	c.mrs = map[uint32]*nprdma.MR{}
+	mrs := c.takeRegionsLocked()
 	c.csts.RDY = false
 	c.mu.Unlock()
 	for _, q := range qs {
@@ -517,10 +517,14 @@ func (c *controller) reset() {
 // nsid, if it has one: its rkey is refused from then on.
 func (c *controller) revokeRegion(nsid uint32) {
 	c.mu.Lock()
-	mr := c.mrs[nsid]
+	mrs := c.retired[nsid]
+	if mr := c.mrs[nsid]; mr != nil {
+		mrs = append(mrs, mr)
+	}
 	delete(c.mrs, nsid)
+	delete(c.retired, nsid)
 	c.mu.Unlock()
-	if mr != nil {
+	for _, mr := range mrs {
 		mr.Deregister()
 	}
 }

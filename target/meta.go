@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/nprdma/nprdma/target/manage"
 	"golang.org/x/sys/unix"
 )
 
@@ -53,7 +54,7 @@ type metaStore struct {
 
 // ErrMetadataStore is what errors.Is finds in the error of an operation
 // refused because the metadata store has failed.
-var ErrMetadataStore = errors.New("metadata store failed")
+var ErrMetadataStore = manage.ErrMetadataStore
 
 // MetadataError says why and since when the metadata store is failed.
 type MetadataError struct {
@@ -85,6 +86,9 @@ type subsystemRecord struct {
 	Hosts        []string  `json:"hosts,omitempty"`
 	AllowAnyHost bool      `json:"allow_any_host"`
 	Created      time.Time `json:"created"`
+	// Managed: created through the management API (kept under
+	// managedPrefix); restored at start unless the configuration names it.
+	Managed bool `json:"managed,omitempty"`
 }
 
 // namespaceRecord is a namespace's identity. It is keyed by subsystem and
@@ -98,6 +102,13 @@ type namespaceRecord struct {
 	NGUID   [16]byte  `json:"nguid"`
 	UUID    [16]byte  `json:"uuid"`
 	Created time.Time `json:"created"`
+	// Set for a namespace created through the management API, which is
+	// restored at start from this record (manage.go).
+	Managed  bool   `json:"managed,omitempty"`
+	Name     string `json:"name,omitempty"`
+	Budget   int64  `json:"budget,omitempty"`
+	MaxSize  int64  `json:"max_size,omitempty"`
+	OwnsFile bool   `json:"owns_file,omitempty"` // the target created the backing file, and removes it with the namespace
 }
 
 const (
@@ -110,9 +121,24 @@ const (
 	probeFile = "nprdma-probe"
 )
 
-func subsystemKey(nqn string) []byte { return []byte("subsys/" + nqn) }
-func namespaceKey(nqn string, nsid uint32) []byte {
-	return []byte(fmt.Sprintf("ns/%s/%08x", nqn, nsid))
+// Records of subsystems and namespaces the management API created live
+// apart from the configuration's, under managedPrefix: the configuration
+// may take an NQN or an NSID for a while without overwriting them.
+const managedPrefix = "api/"
+
+func subsystemKey(nqn string, managed bool) []byte {
+	return []byte(keyPrefix(managed) + "subsys/" + nqn)
+}
+
+func namespaceKey(nqn string, nsid uint32, managed bool) []byte {
+	return []byte(fmt.Sprintf("%sns/%s/%08x", keyPrefix(managed), nqn, nsid))
+}
+
+func keyPrefix(managed bool) string {
+	if managed {
+		return managedPrefix
+	}
+	return ""
 }
 
 // openMeta opens (creating if needed) the metadata store in dir with small,
@@ -275,6 +301,22 @@ func (m *metaStore) writable() error {
 	return nil
 }
 
+// check probes the directory for an operation about to record something,
+// latching a failure; a store that failed before refuses at once, counted
+// as a refused record.
+func (m *metaStore) check() error {
+	if err := m.refuseRecord(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.writable(); err != nil {
+		m.recordsRefused.Add(1)
+		return err
+	}
+	return nil
+}
+
 // update runs fn in a badger transaction after probing the directory. A
 // failure latches the store: badger may have taken fn's writes into its
 // memtable although they failed, so nothing is written after it.
@@ -328,22 +370,64 @@ func (m *metaStore) putRecord(key []byte, v any) error {
 	return nil
 }
 
-func (m *metaStore) subsystem(nqn string) (subsystemRecord, bool, error) {
+func (m *metaStore) subsystem(nqn string, managed bool) (subsystemRecord, bool, error) {
 	var r subsystemRecord
-	ok, err := m.get(subsystemKey(nqn), &r)
+	ok, err := m.get(subsystemKey(nqn, managed), &r)
 	return r, ok, err
 }
 
-func (m *metaStore) putSubsystem(r subsystemRecord) error { return m.putRecord(subsystemKey(r.NQN), r) }
+func (m *metaStore) putSubsystem(r subsystemRecord) error {
+	return m.putRecord(subsystemKey(r.NQN, r.Managed), r)
+}
 
-func (m *metaStore) namespace(nqn string, nsid uint32) (namespaceRecord, bool, error) {
+func (m *metaStore) namespace(nqn string, nsid uint32, managed bool) (namespaceRecord, bool, error) {
 	var r namespaceRecord
-	ok, err := m.get(namespaceKey(nqn, nsid), &r)
+	ok, err := m.get(namespaceKey(nqn, nsid, managed), &r)
 	return r, ok, err
 }
 
 func (m *metaStore) putNamespace(r namespaceRecord) error {
-	return m.putRecord(namespaceKey(r.SubNQN, r.NSID), r)
+	return m.putRecord(namespaceKey(r.SubNQN, r.NSID, r.Managed), r)
+}
+
+// deleteRecord removes a subsystem or namespace record, counted as a
+// record written.
+func (m *metaStore) deleteRecord(key []byte) error {
+	if err := m.update(func(txn *badger.Txn) error { return txn.Delete(key) }); err != nil {
+		m.recordsRefused.Add(1)
+		return fmt.Errorf("metadata %s: %w", key, err)
+	}
+	m.recorded.Add(1)
+	return nil
+}
+
+// records decodes every record whose key starts with prefix, in key order,
+// into a new T each.
+func records[T any](m *metaStore, prefix string) ([]T, error) {
+	var out []T
+	err := m.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(prefix), PrefetchValues: true})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			var v T
+			if err := it.Item().Value(func(b []byte) error { return json.Unmarshal(b, &v) }); err != nil {
+				return fmt.Errorf("metadata %s: %w", it.Item().Key(), err)
+			}
+			out = append(out, v)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// managedSubsystems and managedNamespaces are the records of what the
+// management API created.
+func (m *metaStore) managedSubsystems() ([]subsystemRecord, error) {
+	return records[subsystemRecord](m, managedPrefix+"subsys/")
+}
+
+func (m *metaStore) managedNamespaces() ([]namespaceRecord, error) {
+	return records[namespaceRecord](m, managedPrefix+"ns/")
 }
 
 // markRunning removes the clean-shutdown marker and reports how the

@@ -60,14 +60,14 @@ func TestMetaStorePersistsIdentityAndShutdownState(t *testing.T) {
 	if prev, unclean, _ = m.markRunning(); prev != PreviousRunClean || unclean != 2 {
 		t.Fatalf("after a clean shutdown: previous run %v, %d unclean starts; want %v, 2 (kept)", prev, unclean, PreviousRunClean)
 	}
-	got, ok, err := m.namespace(ns.SubNQN, 1)
+	got, ok, err := m.namespace(ns.SubNQN, 1, false)
 	if err != nil || !ok || got.NGUID != ns.NGUID || got.UUID != ns.UUID || got.Backing != "/x" {
 		t.Fatalf("namespace = %+v ok=%v err=%v", got, ok, err)
 	}
-	if _, ok, _ := m.namespace(ns.SubNQN, 2); ok {
+	if _, ok, _ := m.namespace(ns.SubNQN, 2, false); ok {
 		t.Fatal("nsid 2 must not exist")
 	}
-	s, ok, err := m.subsystem(sub.NQN)
+	s, ok, err := m.subsystem(sub.NQN, false)
 	if err != nil || !ok || s.Serial != "abc" || len(s.Hosts) != 1 {
 		t.Fatalf("subsystem = %+v ok=%v err=%v", s, ok, err)
 	}

@@ -2,7 +2,9 @@ package target
 
 import (
 	"context"
+	"strings"
 
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
 )
@@ -23,8 +25,8 @@ func (f fabricListener) Accept(ctx context.Context) (Queue, func(func(Request)),
 func (f fabricListener) Addr() string { return f.ln.Addr() }
 func (f fabricListener) Close() error { return f.ln.Close() }
 
-// listenFabric listens on the nprdma fabric at t.cfg.listen.
-func (t *Target) listenFabric() (*port, error) {
+// listenFabric listens on the nprdma fabric at addr, one of t.cfg.listen.
+func (t *Target) listenFabric(addr string) (*port, error) {
 	opts := []fabric.ListenOption{
 		fabric.WithQueueEntries(fabric.DefaultAdminQueueEntries, t.cfg.queueDepth),
 		fabric.WithInCapsuleData(t.cfg.icd),
@@ -39,13 +41,19 @@ func (t *Target) listenFabric() (*port, error) {
 	if t.cfg.busyPoll > 0 {
 		opts = append(opts, fabric.WithReceiveBusyPoll(t.cfg.busyPoll))
 	}
-	ln, err := fabric.Listen(t.pd, t.cfg.listen, opts...)
+	ln, err := fabric.Listen(t.pd, addr, opts...)
 	if err != nil {
 		return nil, err
 	}
 	host, svc := splitHostPort(ln.Addr())
 	e := nvme.DiscoveryLogEntry{TRTYPE: nvme.TransportRDMA, ADRFAM: nvme.AddressIPv4, TSAS: nvme.RDMATSAS()}
-	if t.cfg.provider.Name() == "loop" {
+	switch {
+	case strings.HasPrefix(ln.Addr(), shm.Scheme):
+		// Shared memory, for initiators on this host: the address is the
+		// socket's, scheme included.
+		e.TRTYPE, e.ADRFAM = nvme.TransportLoop, nvme.AddressIntraHost
+		host, svc = ln.Addr(), ""
+	case t.cfg.provider.Name() == "loop":
 		e.TRTYPE, e.ADRFAM = nvme.TransportLoop, nvme.AddressIntraHost
 	}
 	e.TREQ, e.CNTLID, e.ASQSZ = nvme.TREQSecureChannelNotRequired, nvme.DynamicControllerID, fabric.DefaultAdminQueueEntries

@@ -26,6 +26,8 @@ type SubsystemConfig struct {
 	AllowHosts []string
 	// AllowAnyHost admits every host.
 	AllowAnyHost bool
+
+	managed bool // created through the management API (manage.go)
 }
 
 // Subsystem is an NVM subsystem: namespaces and the hosts allowed to use
@@ -35,7 +37,11 @@ type Subsystem struct {
 	nqn    string
 	serial string
 
-	recordMu sync.Mutex // orders changes of the record (AllowHost)
+	recordMu sync.Mutex // orders changes of the record (AllowHost, Target.RemoveHost)
+	// managed: created through the management API (CreateSubsystem), not by
+	// the configuration; configHosts: the hosts the configuration allows.
+	managed     bool
+	configHosts map[string]bool
 
 	mu       sync.Mutex
 	hosts    map[string]bool
@@ -66,10 +72,15 @@ func (t *Target) AddSubsystem(cfg SubsystemConfig) (*Subsystem, error) {
 		}
 	}
 	s := &Subsystem{t: t, nqn: cfg.NQN, hosts: map[string]bool{}, allowAny: cfg.AllowAnyHost, ns: map[uint32]*Namespace{},
-		fences: map[string]*hostFence{}}
+		fences: map[string]*hostFence{}, managed: cfg.managed, configHosts: map[string]bool{}}
+	if !cfg.managed {
+		for _, h := range cfg.AllowHosts {
+			s.configHosts[h] = true
+		}
+	}
 	rec := subsystemRecord{NQN: cfg.NQN, Created: time.Now().UTC()}
 	if t.meta != nil {
-		old, ok, err := t.meta.subsystem(cfg.NQN)
+		old, ok, err := t.meta.subsystem(cfg.NQN, cfg.managed)
 		if err != nil {
 			return nil, fmt.Errorf("target: subsystem %s: %w", cfg.NQN, err)
 		}
@@ -90,6 +101,7 @@ func (t *Target) AddSubsystem(cfg SubsystemConfig) (*Subsystem, error) {
 		}
 	}
 	rec.AllowAnyHost = cfg.AllowAnyHost
+	rec.Managed = cfg.managed
 	s.serial = rec.Serial
 	if t.meta != nil {
 		if err := t.meta.putSubsystem(rec); err != nil {
@@ -175,12 +187,12 @@ func (s *Subsystem) record(hosts []string) error {
 	if s.t.meta == nil {
 		return nil
 	}
-	rec, ok, err := s.t.meta.subsystem(s.nqn)
+	rec, ok, err := s.t.meta.subsystem(s.nqn, s.managed)
 	if err != nil {
 		return err
 	}
 	if !ok {
-		rec = subsystemRecord{NQN: s.nqn, Serial: s.serial, Created: time.Now().UTC()}
+		rec = subsystemRecord{NQN: s.nqn, Serial: s.serial, Created: time.Now().UTC(), Managed: s.managed}
 	}
 	sort.Strings(hosts)
 	rec.Hosts = hosts
@@ -285,8 +297,17 @@ type NamespaceConfig struct {
 	// Budget is the DRAM the namespace's region may keep resident, in bytes
 	// (0: swap's default, a quarter of the namespace).
 	Budget int64
+	// Size is the namespace's size in bytes, at most the backing's (0: the
+	// backing's size).
+	Size int64
+	// MaxSize is how large the namespace may grow while it is served
+	// (ResizeNamespace): the address space its region reserves (0:
+	// DefaultMaxSize of the size).
+	MaxSize int64
 	// SwapOptions are passed to swap.New after the target's own.
 	SwapOptions []swap.Option
+
+	managed *managedNamespace // created through the management API (manage.go)
 }
 
 // Namespace is a namespace of a subsystem: a region over a backing device.
@@ -301,6 +322,7 @@ type Namespace struct {
 	nguid   [16]byte
 	uuid    nvme.UUID
 	created time.Time
+	managed *managedNamespace // nil: from the configuration
 
 	users   sync.WaitGroup // commands executing on it (Subsystem.acquire)
 	removed atomic.Bool    // RemoveNamespace began: no new registrations
@@ -312,13 +334,19 @@ type Namespace struct {
 // AddNamespace creates a namespace over cfg.Backing. Its identity (NGUID,
 // UUID) comes from the metadata store when the same backing (path and
 // size) had it before under the same NSID; otherwise it is drawn afresh
-// and recorded.
+// and recorded. Connected hosts get a Namespace Attribute Changed notice.
 func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 	t := s.t
 	if cfg.Backing == nil {
 		return nil, fmt.Errorf("target: subsystem %s: namespace without a backing device", s.nqn)
 	}
 	size := cfg.Backing.Size() / BlockSize * BlockSize
+	if cfg.Size != 0 {
+		if cfg.Size%BlockSize != 0 || cfg.Size > size {
+			return nil, fmt.Errorf("target: subsystem %s: size %d is not a multiple of %d within the %d bytes of backing %s", s.nqn, cfg.Size, BlockSize, size, cfg.Backing.Path())
+		}
+		size = cfg.Size
+	}
 	if size < 16*BlockSize {
 		return nil, fmt.Errorf("target: subsystem %s: backing %s of %d bytes is too small (at least %d)", s.nqn, cfg.Backing.Path(), cfg.Backing.Size(), 16*BlockSize)
 	}
@@ -354,7 +382,7 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		return nil, fmt.Errorf("target: subsystem %s namespace %d on %s: %w", s.nqn, nsid, cfg.Backing.Path(), err)
 	}
 
-	n := &Namespace{sub: s, nsid: nsid, dev: cfg.Backing}
+	n := &Namespace{sub: s, nsid: nsid, dev: cfg.Backing, managed: cfg.managed}
 	var rec namespaceRecord
 	found := false
 	if t.meta != nil {
@@ -364,7 +392,7 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 			return fail(err)
 		}
 		var err error
-		if rec, found, err = t.meta.namespace(s.nqn, nsid); err != nil {
+		if rec, found, err = t.meta.namespace(s.nqn, nsid, cfg.managed != nil); err != nil {
 			return fail(err)
 		}
 		if found && (rec.Backing != cfg.Backing.Path() || rec.Size != size) {
@@ -377,6 +405,7 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		rec = namespaceRecord{SubNQN: s.nqn, NSID: nsid, Backing: cfg.Backing.Path(), Size: size, Created: time.Now().UTC()}
 		rand.Read(rec.NGUID[:])
 		rec.UUID = nvme.NewUUID()
+		cfg.managed.fill(&rec)
 		if t.meta != nil {
 			if err := t.meta.putNamespace(rec); err != nil {
 				return fail(err)
@@ -403,9 +432,17 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		s.ns[nsid] = n
 		s.mu.Unlock()
 		t.genCtr.Add(1)
+		s.namespaceChanged(nsid)
 		return n, nil
 	}
-	opts := []swap.Option{swap.WithSize(size), swap.WithLogger(t.log)}
+	maxSize := cfg.MaxSize
+	if maxSize == 0 {
+		maxSize = DefaultMaxSize(size)
+	}
+	opts := []swap.Option{swap.WithSize(size), swap.WithMaxSize(max(maxSize, size)), swap.WithLogger(t.log)}
+	if t.cfg.sharesMemory() {
+		opts = append(opts, swap.WithShareable())
+	}
 	if cfg.Budget > 0 {
 		opts = append(opts, swap.WithBudget(cfg.Budget))
 	}
@@ -433,6 +470,7 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 	s.ns[nsid] = n
 	s.mu.Unlock()
 	t.genCtr.Add(1)
+	s.namespaceChanged(nsid)
 	return n, nil
 }
 
@@ -442,8 +480,9 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 // holding the rkey gets a remote access error), the commands executing on
 // it finish, and then its region is flushed and closed and its backing
 // device closed. Its identity stays in the metadata store: the same backing
-// added again under the same NSID keeps its NGUID. Namespaces of the pinned
-// baseline cannot be removed.
+// added again under the same NSID keeps its NGUID. Connected hosts get a
+// Namespace Attribute Changed notice. Namespaces of the pinned baseline
+// cannot be removed.
 func (s *Subsystem) RemoveNamespace(nsid uint32) error {
 	s.mu.Lock()
 	n := s.ns[nsid]
@@ -466,6 +505,7 @@ func (s *Subsystem) RemoveNamespace(nsid uint32) error {
 			c.revokeRegion(nsid)
 		}
 	}
+	s.namespaceChanged(nsid)
 	n.users.Wait()
 	err := n.close()
 	s.t.log.Info("target: namespace removed", "subsystem", s.nqn, "nsid", nsid, "backing", n.dev.Path(), "err", err)

@@ -15,11 +15,13 @@ import (
 	"math/rand/v2"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/nprdma/nprdma/nvme/fabric"
@@ -56,7 +58,7 @@ type Option func(*config)
 
 type config struct {
 	provider       nprdma.Provider
-	listen         string
+	listen         []string
 	listenTCP      string
 	listenTCPDisc  string
 	dataDir        string
@@ -75,14 +77,19 @@ type config struct {
 	busyPoll       time.Duration
 	fenceTimeout   time.Duration
 	metaProbe      time.Duration
+	manage         manageConfig // manage.go
 }
 
 // WithProvider sets the nprdma provider (default nprdma/tcp).
 func WithProvider(p nprdma.Provider) Option { return func(c *config) { c.provider = p } }
 
-// WithListen sets the address hosts connect to over the nprdma fabric
-// (default DefaultListen).
-func WithListen(addr string) Option { return func(c *config) { c.listen = addr } }
+// WithListen sets the addresses hosts connect to over the nprdma fabric
+// (default DefaultListen); Addr is the first. An address "unix:PATH"
+// (shm.Scheme) accepts initiators on this host over shared memory
+// (nprdma/shm) on the unix socket PATH, whatever the provider of the
+// others, and makes the namespaces' regions shareable, so that those
+// initiators read them in place.
+func WithListen(addrs ...string) Option { return func(c *config) { c.listen = addrs } }
 
 // WithListenNVMeTCP also serves the subsystems to NVMe/TCP hosts (a stock
 // Linux host's `nvme connect -t tcp`) at addr, host:port (default "": not
@@ -205,12 +212,14 @@ type Target struct {
 	inflight sync.WaitGroup // commands executing (not parked AERs)
 	tags     atomic.Uint64
 	genCtr   atomic.Uint64 // discovery log generation
+
+	manageMu sync.Mutex // orders the management operations (manage.go)
 }
 
 // New creates a target. Add subsystems and namespaces, then Start it.
 func New(opts ...Option) (*Target, error) {
 	cfg := config{
-		listen:         DefaultListen,
+		listen:         []string{DefaultListen},
 		log:            slog.Default(),
 		maxKATO:        DefaultMaxKeepAlive,
 		maxControllers: DefaultMaxControllers,
@@ -228,6 +237,14 @@ func New(opts ...Option) (*Target, error) {
 	}
 	if cfg.provider == nil {
 		cfg.provider = tcp.New()
+	}
+	if len(cfg.listen) == 0 {
+		return nil, fmt.Errorf("target: no listen address")
+	}
+	if cfg.sharesMemory() {
+		if _, ok := cfg.provider.(*shm.Provider); !ok {
+			cfg.provider = nprdma.NewSchemes(cfg.provider, map[string]nprdma.Provider{strings.TrimSuffix(shm.Scheme, ":"): shm.New()})
+		}
 	}
 	if cfg.maxTransfer < 2*BlockSize || cfg.maxTransfer > fabric.MaxTransfer {
 		return nil, fmt.Errorf("target: max transfer %d outside [%d, %d]", cfg.maxTransfer, 2*BlockSize, fabric.MaxTransfer)
@@ -285,6 +302,17 @@ func New(opts ...Option) (*Target, error) {
 		}
 	}
 	return t, nil
+}
+
+// sharesMemory reports whether some listen address is a shared-memory one:
+// the namespaces' regions are then made shareable.
+func (c *config) sharesMemory() bool {
+	for _, a := range c.listen {
+		if strings.HasPrefix(a, shm.Scheme) {
+			return true
+		}
+	}
+	return false
 }
 
 // newBootID returns a random, non-zero identifier of this process.
@@ -345,7 +373,7 @@ func (t *Target) Start() error {
 	if t.cfg.listenTCPDisc != "" && t.cfg.listenTCP == "" {
 		return fmt.Errorf("target: an NVMe/TCP discovery port without an NVMe/TCP port to point hosts at")
 	}
-	ports := make([]*port, 0, 3)
+	ports := make([]*port, 0, len(t.cfg.listen)+2)
 	fail := func(err error) error {
 		for _, p := range ports {
 			p.ln.Close()
@@ -355,11 +383,13 @@ func (t *Target) Start() error {
 		}
 		return fmt.Errorf("target: %w", err)
 	}
-	p, err := t.listenFabric()
-	if err != nil {
-		return fail(err)
+	for _, addr := range t.cfg.listen {
+		p, err := t.listenFabric(addr)
+		if err != nil {
+			return fail(err)
+		}
+		ports = append(ports, p)
 	}
-	ports = append(ports, p)
 	for _, l := range []struct {
 		addr string
 		disc bool
@@ -381,7 +411,8 @@ func (t *Target) Start() error {
 	return nil
 }
 
-// Addr is the address hosts connect to over the nprdma fabric (after Start).
+// Addr is the address hosts connect to over the nprdma fabric (after
+// Start): the first listen address.
 func (t *Target) Addr() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -389,6 +420,20 @@ func (t *Target) Addr() string {
 		return ""
 	}
 	return t.ports[0].ln.Addr()
+}
+
+// Addrs are all the addresses hosts connect to over the nprdma fabric
+// (after Start), in the order of WithListen.
+func (t *Target) Addrs() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for _, p := range t.ports {
+		if p.transport == "nprdma" {
+			out = append(out, p.ln.Addr())
+		}
+	}
+	return out
 }
 
 // NVMeTCPAddr is the address of the NVMe/TCP port, "" when not served.

@@ -139,8 +139,12 @@ func testLinuxBringUp(t *testing.T, r *adminRig, dg tcp.Digests) {
 	if n, _ := nvme.DecodeNumberOfQueues(c.DW0); n.IOQueues() != 4 {
 		t.Fatalf("granted %+v, want 4 (WithMaxIOQueues)", n)
 	}
-	c = exec(t, h, nvme.SetFeaturesCommand(nvme.FeatureAsyncEventConfig, 1<<8, false), nil, nil)
-	wantCQE(t, c, nvme.StatusInvalidField, "async event config")
+	// Async Event Configuration: Linux asks for what OAES offers, the
+	// Namespace Attribute Notices (bit 8); a notice this target never
+	// raises (Firmware Activation, bit 9) is refused.
+	wantOK(t, exec(t, h, nvme.SetFeaturesCommand(nvme.FeatureAsyncEventConfig, uint32(nvme.AECNamespaceAttribute), false), nil, nil), "async event config")
+	c = exec(t, h, nvme.SetFeaturesCommand(nvme.FeatureAsyncEventConfig, uint32(nvme.AECFirmwareActivation), false), nil, nil)
+	wantCQE(t, c, nvme.StatusInvalidField, "async event config of firmware activation notices")
 	wantOK(t, exec(t, h, nvme.KeepAliveCommand(), nil, nil), "keep alive")
 	// The namespace scan: active list, descriptors, identify namespace.
 	b, c = identify(t, h, nvme.CNSActiveNamespaces, 0)

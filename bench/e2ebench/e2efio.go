@@ -509,23 +509,32 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 // plugin in front of it on a unix socket (the two-hop chain); the rig stops
 // both.
 func startMemoryPeers(ctx context.Context, rig *e2eRig, name, file string, size int64) (mem, proxy *bench.NBDKit, err error) {
-	mem, err = bench.StartNBDKit(ctx, "memory", []string{"size=" + strconv.FormatInt(size, 10)}, bench.WithLoopbackTCP())
-	if err != nil {
+	if mem, err = startMemoryPeer(ctx, rig, name, file, size); err != nil {
 		return nil, nil, err
-	}
-	rig.onClose(mem.Stop)
-	nbdcopy, err := bench.FindTool("nbdcopy")
-	if err != nil {
-		return nil, nil, err
-	}
-	if out, err := exec.CommandContext(ctx, nbdcopy, "--flush", file, mem.URI).CombinedOutput(); err != nil {
-		return nil, nil, fmt.Errorf("%s: nbdcopy the data into nbdkit memory: %w: %s", name, err, strings.TrimSpace(string(out)))
 	}
 	if proxy, err = bench.StartNBDKitProxy(ctx, mem); err != nil {
 		return nil, nil, err
 	}
 	rig.onClose(proxy.Stop)
 	return mem, proxy, nil
+}
+
+// startMemoryPeer starts nbdkit's memory plugin on loopback TCP, filled
+// with file's size bytes by nbdcopy (the one-hop peer); the rig stops it.
+func startMemoryPeer(ctx context.Context, rig *e2eRig, name, file string, size int64) (*bench.NBDKit, error) {
+	mem, err := bench.StartNBDKit(ctx, "memory", []string{"size=" + strconv.FormatInt(size, 10)}, bench.WithLoopbackTCP())
+	if err != nil {
+		return nil, err
+	}
+	rig.onClose(mem.Stop)
+	nbdcopy, err := bench.FindTool("nbdcopy")
+	if err != nil {
+		return nil, err
+	}
+	if out, err := exec.CommandContext(ctx, nbdcopy, "--flush", file, mem.URI).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("%s: nbdcopy the data into nbdkit memory: %w: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	return mem, nil
 }
 
 // measureCases runs fio on every case once per round, in the order of

@@ -159,6 +159,37 @@ func TestE2ESmoke(t *testing.T) {
 	}
 }
 
+// TestSHMSmoke runs the shm experiment at toy sizes (NPRDMA_LONG=1: it
+// starts a target, two attach processes and nbdkit): every goal figure is
+// there with both sides measured, and the attachment over shm left the
+// target's CPU out of the reads.
+func TestSHMSmoke(t *testing.T) {
+	if os.Getenv("NPRDMA_LONG") == "" {
+		t.Skip("NPRDMA_LONG=1 runs the shm smoke test")
+	}
+	for _, tool := range []string{"fio", "nbdkit", "nbdcopy"} {
+		if _, err := bench.FindTool(tool); err != nil {
+			t.Skipf("%s not installed: %v", tool, err)
+		}
+	}
+	env, bins := smokeEnv(t)
+	cfg := SHMConfig{ResidentSize: 32 << 20, Runtime: 500 * time.Millisecond, Ramp: 100 * time.Millisecond, Rounds: 1, QD: 8, Samples: 50}
+	exp, err := MeasureSHM(context.Background(), env, bins, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"resident QD1 p50, shm vs one-hop", "resident QD8 IOPS, shm vs one-hop",
+		"4 KiB READ in place p50 vs 2× memcpy + 1 µs", "major fault p50 over shm vs its bound"} {
+		if f := figure(t, exp, name); f.Value <= 0 || f.BaselineValue <= 0 || f.Goal == nil {
+			t.Errorf("%s: %+v", name, f)
+		}
+	}
+	cpu := figure(t, exp, "target CPU per resident read at QD8, shm vs tcp")
+	if cpu.BaselineValue <= 0 || cpu.Value >= cpu.BaselineValue {
+		t.Errorf("target CPU per read: shm %v µs, tcp %v µs", cpu.Value, cpu.BaselineValue)
+	}
+}
+
 // TestNVMeTCPSmoke runs the nvme-tcp experiment at toy sizes (NPRDMA_LONG=1,
 // like the e2e-fio smoke test: it starts five processes and checks the
 // data through both attachments).

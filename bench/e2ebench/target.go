@@ -24,7 +24,8 @@ type targetConfig struct {
 	backing string
 	memory  int64
 	dataDir string
-	listen  string // default 127.0.0.1:0
+	listen  string   // default 127.0.0.1:0
+	also    []string // more --listen addresses (unix:PATH: shared memory)
 	// listenNVMeTCP also serves NVMe/TCP there ("": not served).
 	listenNVMeTCP string
 	pin           bool
@@ -38,6 +39,9 @@ func (c targetConfig) argv() []string {
 	}
 	argv := []string{c.bin, "--backing", c.backing, "--memory", fmt.Sprintf("%dKiB", c.memory>>10),
 		"--listen", listen, "--nqn", benchNQN, "--allow-any-host", "--data-dir", c.dataDir, "--log-level", "warn"}
+	for _, a := range c.also {
+		argv = append(argv, "--listen", a)
+	}
 	if c.pin {
 		argv = append(argv, "--pin")
 	}

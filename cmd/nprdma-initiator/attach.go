@@ -52,7 +52,7 @@ func attachCommand() *cli.Command {
 			"after a restart, I/O fails with EIO from then on, list shows the attachment as lost or namespace-changed,\n" +
 			"and the teardown exits 1 only if writes or trims it acknowledged were never covered by a flush.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address, host:port (with --transport tcp the port defaults to 4420)"},
+			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address, host:port (with --transport tcp the port defaults to 4420), or unix:PATH, a target's shared-memory socket on this host (--transport nprdma)"},
 			&cli.StringFlag{Name: "nqn", Aliases: []string{"n"}, Required: true, Usage: "subsystem NQN (see discover)"},
 			&cli.UintFlag{Name: "nsid", Value: 1, Usage: "namespace ID"},
 			&cli.StringFlag{Name: "mode", Value: string(attach.ModeAuto), Usage: "nbd (NBD socket), fuse (FUSE file + /dev/loopN, root) or auto"},
@@ -260,6 +260,9 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 			case <-a.ns.LossReported():
 				a.notePossiblyLost()
 				continue
+			case <-a.ns.Resized():
+				a.noteResized()
+				continue
 			}
 		}
 		mode := "detaching"
@@ -329,18 +332,22 @@ func (a *attachment) setUp(ctx context.Context) error {
 		a.rec.MetricsAddr = ln.Addr().String()
 	}
 
-	tr, release, err := newTransport(cc)
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ch, err := chooseTransport(cctx, cc, a.rec.Target, a.rec.NQN, opts)
 	if err != nil {
+		cancel()
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	c, err := initiator.ConnectOver(cctx, tr, a.rec.Target, a.rec.NQN, opts...)
+	if ch.reason != "" {
+		a.say("%s", ch.reason)
+	}
+	c, err := initiator.ConnectOver(cctx, ch.tr, ch.addr, a.rec.NQN, opts...)
 	cancel()
 	if err != nil {
-		release()
+		ch.release()
 		return err
 	}
-	a.ctrl, a.release = c, release
+	a.ctrl, a.release = c, ch.release
 	a.ns, err = c.Namespace(ctx, a.rec.NSID)
 	if err != nil {
 		return err

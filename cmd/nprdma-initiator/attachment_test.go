@@ -72,12 +72,13 @@ type cliEnv struct {
 	addr   string
 	reg    *prometheus.Registry
 	runDir string
-	dir    string // the target's backing and metadata
+	dir    string   // the target's backing and metadata
+	also   []string // listen addresses after the first (shm)
 }
 
-func newCLIEnv(t *testing.T) *cliEnv {
+func newCLIEnv(t *testing.T, also ...string) *cliEnv {
 	t.Helper()
-	e := &cliEnv{t: t}
+	e := &cliEnv{t: t, also: also}
 	dir := t.TempDir()
 	e.dir = dir
 	e.startTarget("127.0.0.1:0", dir, nsSize)
@@ -94,7 +95,7 @@ func (e *cliEnv) startTarget(listen, dir string, size int64) {
 	t := e.t
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	tg, err := target.New(target.WithProvider(tcp.New()), target.WithListen(listen),
+	tg, err := target.New(target.WithProvider(tcp.New()), target.WithListen(append([]string{listen}, e.also...)...),
 		target.WithDataDir(filepath.Join(dir, "meta")), target.WithMetrics(reg),
 		target.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {

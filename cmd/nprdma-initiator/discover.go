@@ -23,13 +23,14 @@ func discoverCommand() *cli.Command {
 		Description: "Connects to the target's discovery controller, reads the Discovery log page (the subsystems\n" +
 			"this host may access), then connects to each subsystem to list its namespaces.\n" +
 			"Each subsystem shows the NVMe-oF transport type the target advertises (rdma: nprdma speaks the\n" +
-			"NVMe-oF RDMA binding, also when the RDMA is software over TCP; loop for the in-process provider;\n" +
-			"tcp: NVMe/TCP) and, over the nprdma fabric, the nprdma provider this host reached it with\n" +
-			"(--provider), for which the log has no field.\n" +
+			"NVMe-oF RDMA binding, also when the RDMA is software over TCP; loop for the in-process provider and\n" +
+			"for a shared-memory listener, whose address is unix:PATH: attach uses it from this host; tcp: NVMe/TCP)\n" +
+			"and, over the nprdma fabric, the nprdma provider this host reached it with (--provider), for which\n" +
+			"the log has no field.\n" +
 			"With --transport tcp, the discovery controller is at --target (port 8009 when none is given) and\n" +
 			"each subsystem is listed at the address and port its log entry gives.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address, host:port (e.g. 127.0.0.1:4420; with --transport tcp the port defaults to 8009)"},
+			&cli.StringFlag{Name: "target", Aliases: []string{"t"}, Required: true, Usage: "target address, host:port (e.g. 127.0.0.1:4420; with --transport tcp the port defaults to 8009), or unix:PATH, a target's shared-memory socket on this host (--transport nprdma)"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON instead of a table"},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "give up after this long"},
 		},
@@ -91,21 +92,21 @@ func discover(cc *cli.Context) error {
 		return err
 	}
 	opts := hostOptions(cc, logger)
-	tr, release, err := newTransport(cc)
+	addr := targetAddr(cc, nvmetcp.DiscoveryPort)
+	tr, release, err := newTransport(cc, addr)
 	if err != nil {
 		return err
 	}
 	defer release()
 	ctx, cancel := context.WithTimeout(context.Background(), cc.Duration("timeout"))
 	defer cancel()
-	addr := targetAddr(cc, nvmetcp.DiscoveryPort)
 	log, err := initiator.DiscoverOver(ctx, tr, addr, opts...)
 	if err != nil {
 		return err
 	}
 	provider := ""
 	if tr.String() == "nprdma" {
-		provider = cc.String("provider")
+		provider = providerFor(cc.String("provider"), addr)
 	}
 	host, err := initiator.HostNQN(opts...)
 	if err != nil {

@@ -12,9 +12,6 @@ import (
 	"strings"
 
 	"github.com/nprdma/nprdma/initiator"
-	"github.com/nprdma/nprdma/nprdma"
-	"github.com/nprdma/nprdma/nprdma/loop"
-	"github.com/nprdma/nprdma/nprdma/tcp"
 	nvmetcp "github.com/nprdma/nprdma/nvme/tcp"
 	"github.com/urfave/cli/v2"
 )
@@ -33,8 +30,8 @@ func newApp() *cli.App {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "hostnqn", Usage: "host NQN to connect as (default: nqn.2014-08.org.nvmexpress:uuid:<host ID from --hostid-file>)"},
 			&cli.StringFlag{Name: "hostid-file", Usage: "file holding this host's ID, created on first use (default: $NPRDMA_STATE_DIR/hostid or ~/.config/nprdma/hostid)"},
-			&cli.StringFlag{Name: "transport", Value: "nprdma", Usage: "NVMe-oF transport: nprdma (the nprdma fabric, one-sided reads; an nprdma-target) or tcp (NVMe/TCP to any NVMe/TCP target, two-sided; a --target without a port means 4420, or 8009 for discover)"},
-			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider, with --transport nprdma: tcp (software RDMA over TCP) or loop (in-process; for tests only)"},
+			&cli.StringFlag{Name: "transport", Value: "nprdma", Usage: "NVMe-oF transport: nprdma (the nprdma fabric, one-sided reads; an nprdma-target; its provider is --provider) or tcp (NVMe/TCP to any NVMe/TCP target, two-sided; a --target without a port means 4420, or 8009 for discover)"},
+			providerFlag(),
 			&cli.BoolFlag{Name: "hdr-digest", Usage: "with --transport tcp: ask the target for header digests (CRC32C of every PDU header)"},
 			&cli.BoolFlag{Name: "data-digest", Usage: "with --transport tcp: ask the target for data digests (CRC32C of every PDU's data)"},
 			&cli.StringFlag{Name: "log-level", Value: "warn", Usage: "log level: debug, info, warn, error"},
@@ -76,35 +73,47 @@ func hostOptions(cc *cli.Context, log *slog.Logger) []initiator.Option {
 	return opts
 }
 
-// newTransport is the transport --transport selects, and what releases it
-// once the controllers that use it are closed.
-func newTransport(cc *cli.Context) (initiator.Transport, func(), error) {
-	digests := cc.Bool("hdr-digest") || cc.Bool("data-digest")
-	switch name := cc.String("transport"); name {
-	case "nprdma":
-		if digests {
-			return initiator.Transport{}, nil, fmt.Errorf("--hdr-digest and --data-digest are for --transport tcp")
-		}
-		dev, err := newDevice(cc)
+// newTransport is the transport --transport selects for addr (over the
+// nprdma fabric, on the provider --provider names for addr), and what
+// releases it once the controllers that use it are closed.
+func newTransport(cc *cli.Context, addr string) (initiator.Transport, func(), error) {
+	if err := checkTransportFlags(cc); err != nil {
+		return initiator.Transport{}, nil, err
+	}
+	if cc.String("transport") == "nprdma" {
+		dev, err := newDevice(cc, addr)
 		if err != nil {
 			return initiator.Transport{}, nil, err
 		}
 		return initiator.NPRDMA(dev), func() { dev.Close() }, nil
+	}
+	var d nvmetcp.Digests
+	if cc.Bool("hdr-digest") {
+		d |= nvmetcp.HeaderDigest
+	}
+	if cc.Bool("data-digest") {
+		d |= nvmetcp.DataDigest
+	}
+	return initiator.TCP(nvmetcp.WithDigests(d)), func() {}, nil
+}
+
+// checkTransportFlags refuses an unknown --transport, and the flags of one
+// transport given with the other: --provider is the nprdma fabric's, the
+// digests are NVMe/TCP's.
+func checkTransportFlags(cc *cli.Context) error {
+	switch name := cc.String("transport"); name {
+	case "nprdma":
+		if cc.Bool("hdr-digest") || cc.Bool("data-digest") {
+			return fmt.Errorf("--hdr-digest and --data-digest are for --transport tcp")
+		}
 	case "tcp":
 		if cc.IsSet("provider") {
-			return initiator.Transport{}, nil, fmt.Errorf("--provider is for --transport nprdma")
+			return fmt.Errorf("--provider is for --transport nprdma")
 		}
-		var d nvmetcp.Digests
-		if cc.Bool("hdr-digest") {
-			d |= nvmetcp.HeaderDigest
-		}
-		if cc.Bool("data-digest") {
-			d |= nvmetcp.DataDigest
-		}
-		return initiator.TCP(nvmetcp.WithDigests(d)), func() {}, nil
 	default:
-		return initiator.Transport{}, nil, fmt.Errorf("--transport %q: want nprdma or tcp", name)
+		return fmt.Errorf("--transport %q: want nprdma or tcp", name)
 	}
+	return nil
 }
 
 // targetAddr is --target, with NVMe/TCP's conventional port when it has
@@ -118,19 +127,4 @@ func targetAddr(cc *cli.Context, port int) string {
 		return net.JoinHostPort(strings.Trim(addr, "[]"), strconv.Itoa(port))
 	}
 	return addr
-}
-
-func newDevice(cc *cli.Context) (*nprdma.Device, error) {
-	var p nprdma.Provider
-	switch name := cc.String("provider"); name {
-	case "tcp":
-		p = tcp.New()
-	case "loop":
-		p = loop.New()
-	default:
-		return nil, fmt.Errorf("--provider %q: want tcp or loop", name)
-	}
-	// Pinning the host's data buffers needs CAP_IPC_LOCK or a memlock
-	// limit; the software providers do not need it.
-	return nprdma.NewDevice(p, nprdma.WithName("initiator"), nprdma.WithPinning(false)), nil
 }

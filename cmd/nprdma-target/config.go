@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/nprdma/nprdma/internal/sizes"
 	"os"
 	"strconv"
 	"strings"
@@ -65,7 +66,7 @@ func loadConfig(path string) (fileConfig, error) {
 				return c, fmt.Errorf("config %s: subsystem %s namespace %d has no backing", path, s.NQN, j)
 			}
 			if ns.Budget != "" {
-				if ns.budget, err = parseSize(ns.Budget); err != nil {
+				if ns.budget, err = sizes.Parse(ns.Budget); err != nil {
 					return c, fmt.Errorf("config %s: subsystem %s: %w", path, s.NQN, err)
 				}
 			}
@@ -94,7 +95,7 @@ func parseBacking(v string) (namespaceSpec, error) {
 			}
 			ns.NSID = uint32(n)
 		case "budget":
-			b, err := parseSize(val)
+			b, err := sizes.Parse(val)
 			if err != nil {
 				return ns, fmt.Errorf("--backing %q: %w", v, err)
 			}

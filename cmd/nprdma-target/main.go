@@ -16,7 +16,7 @@ import (
 )
 
 func main() {
-	if err := newApp().Run(os.Args); err != nil {
+	if err := newApp().Run(interspersed(os.Args)); err != nil {
 		fmt.Fprintln(os.Stderr, "nprdma-target:", err)
 		os.Exit(1)
 	}
@@ -45,7 +45,7 @@ func newApp() *cli.App {
 			&cli.StringSliceFlag{Name: "backing", Usage: "a block device or file to serve, as PATH[,nsid=N][,budget=SIZE] (repeatable: one namespace each, in the subsystem --nqn; budget overrides this namespace's share of --memory)"},
 			&cli.StringFlag{Name: "config", Usage: "JSON file describing several subsystems and namespaces (see docs/target.md); used instead of --backing/--nqn/--allow-host"},
 			&cli.StringFlag{Name: "memory", Value: "1GiB", Usage: "DRAM budget for all namespaces together, at least 1MiB (units KiB, MiB, GiB, TiB); namespaces without their own budget share it in proportion to their sizes"},
-			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:4420", Usage: "address to accept nprdma fabric connections on (tcp: host:port; loop: a name)"},
+			&cli.StringSliceFlag{Name: "listen", Value: cli.NewStringSlice("127.0.0.1:4420"), Usage: "address to accept nprdma fabric connections on (tcp: host:port; loop: a name); unix:PATH also serves initiators on this host over shared memory on the unix socket PATH, which read the namespaces in place without this process's CPU (repeatable: e.g. --listen 127.0.0.1:4420 --listen unix:/run/nprdma/target.sock; `nprdma-initiator attach` finds the socket through discovery)"},
 			&cli.StringFlag{Name: "listen-nvme-tcp", Usage: "also serve the same subsystems to standard NVMe/TCP hosts (Linux nvme connect -t tcp) on `ADDR`, host:port, e.g. 127.0.0.1:4421 (4420 by convention when --listen is elsewhere); reads are two-sided, through the same DRAM cache; the port answers the discovery NQN too (empty: off)"},
 			&cli.StringFlag{Name: "listen-nvme-tcp-discovery", Usage: "serve an NVMe/TCP discovery controller, and nothing else, on `ADDR`, host:port (8009 by convention, where nvme discover looks); needs --listen-nvme-tcp, which its log points hosts at (empty: off)"},
 			&cli.StringFlag{Name: "nqn", Value: DefaultNQN, Usage: "NQN of the subsystem that holds the --backing namespaces"},
@@ -65,8 +65,9 @@ func newApp() *cli.App {
 			&cli.DurationFlag{Name: "fence-timeout", Value: target.DefaultFenceTimeout, Usage: "after a host's connection is lost, how long its new writes wait for an old write of the lost queue still changing the same blocks before failing with Namespace Not Ready (a status hosts retry)"},
 			&cli.DurationFlag{Name: "shutdown-timeout", Value: 0, Usage: "bound on the whole stop after SIGTERM: commands in flight are waited for at most half of it, the rest is for flushing the namespaces and closing the metadata store; whatever has not finished by then is reported and the exit status is 1 (0: 30s)"},
 			&cli.DurationFlag{Name: "metadata-probe-interval", Value: target.DefaultMetadataProbeInterval, Usage: "how often the metadata store's directory under --data-dir is probed (a small file rewritten and synced) while nothing is written to it, so that a directory removed, read-only or failing shows on /healthz and in nprdma_target_metadata_healthy (0: only before each metadata write)"},
-		}, limitCLIFlags()...),
+		}, append(limitCLIFlags(), manageCLIFlags()...)...),
 		HideHelpCommand: true,
 		Action:          serve,
+		Commands:        []*cli.Command{ctlCommand()},
 	}
 }

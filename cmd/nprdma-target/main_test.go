@@ -62,23 +62,6 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	}
 }
 
-func TestParseSize(t *testing.T) {
-	for in, want := range map[string]int64{"4096": 4096, "1GiB": 1 << 30, "512MiB": 512 << 20, "1.5G": 3 << 29, "2KB": 2000, "0": 0, " 8 MiB ": 8 << 20,
-		// Units in any case.
-		"1gib": 1 << 30, "512mib": 512 << 20, "4k": 4 << 10, "2tib": 2 << 40, "3kb": 3000, "1Gb": 1000 * 1000 * 1000, "10b": 10, "1.5 gIB": 3 << 29} {
-		got, err := parseSize(in)
-		if err != nil || got != want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"", "GiB", "-1MiB", "12XB", "1e30GiB", "NaN", "NaNGiB", "Inf", "+Inf", "0x1p30", "1e3", "1..2",
-		"gib", "-1mib", "nan", "nangib", "inf", "+infk", "0x10k", "0x1p30b", "1e3k", "12xb"} {
-		if _, err := parseSize(bad); err == nil {
-			t.Errorf("parseSize(%q) accepted", bad)
-		}
-	}
-}
-
 func TestParseBacking(t *testing.T) {
 	ns, err := parseBacking("/dev/x,nsid=7,budget=64MiB")
 	if err != nil || ns.Backing != "/dev/x" || ns.NSID != 7 || ns.budget != 64<<20 {
@@ -99,6 +82,10 @@ func TestSplitBudget(t *testing.T) {
 	// 20 MiB fixed; 80 MiB split 3:1.
 	if got[0] != 60<<20 || got[1] != 20<<20 || got[2] != 20<<20 {
 		t.Fatalf("split %v", got)
+	}
+	// A share never exceeds its namespace: the rest stays free.
+	if got, err := splitBudget(1<<30, []int64{64 << 20, 192 << 20}, []int64{0, 0}); err != nil || got[0] != 64<<20 || got[1] != 192<<20 {
+		t.Fatalf("split of more memory than the namespaces hold: %v %v", got, err)
 	}
 	if _, err := splitBudget(10<<20, []int64{1 << 30}, []int64{20 << 20}); err == nil {
 		t.Fatal("budgets beyond --memory accepted")

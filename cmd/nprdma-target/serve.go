@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nprdma/nprdma/internal/sizes"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"github.com/nprdma/nprdma/internal/banner"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,12 +69,12 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	memory, err := parseSize(cc.String("memory"))
+	memory, err := sizes.Parse(cc.String("memory"))
 	if err != nil {
 		return fmt.Errorf("--memory: %w", err)
 	}
 	if memory < minMemory {
-		return fmt.Errorf("--memory %s: at least %s (the DRAM all namespaces may use together)", cc.String("memory"), formatSize(minMemory))
+		return fmt.Errorf("--memory %s: at least %s (the DRAM all namespaces may use together)", cc.String("memory"), sizes.Format(minMemory))
 	}
 	subs, err := subsystemsFromFlags(cc)
 	if err != nil {
@@ -88,9 +90,9 @@ func serve(cc *cli.Context) error {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return fmt.Errorf("--data-dir: %w", err)
 	}
-	if len(subs) == 0 {
+	if len(subs) == 0 && !cc.Bool("no-default-namespace") {
 		// The embedded default: a sparse file under the data directory.
-		size, err := parseSize(cc.String("default-size"))
+		size, err := sizes.Parse(cc.String("default-size"))
 		if err != nil {
 			return fmt.Errorf("--default-size: %w", err)
 		}
@@ -101,24 +103,38 @@ func serve(cc *cli.Context) error {
 			if err := blockdev.Create(path, size); err != nil {
 				return fmt.Errorf("--default-size: %w", err)
 			}
-			log.Info("created the default backing file", "path", path, "size", formatSize(size))
+			log.Info("created the default backing file", "path", path, "size", sizes.Format(size))
 		case err == nil && st.Size() != size && cc.IsSet("default-size"):
 			// Its data is the namespace: never resized behind the user's back.
 			log.Warn("the default backing file exists: serving it at its own size, --default-size ignored",
-				"path", path, "size", formatSize(st.Size()), "default-size", formatSize(size))
+				"path", path, "size", sizes.Format(st.Size()), "default-size", sizes.Format(size))
 		}
 		subs = []subsystemSpec{{NQN: cc.String("nqn"), AllowHosts: cc.StringSlice("allow-host"),
 			AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: []namespaceSpec{{NSID: 1, Backing: path}}}}
 	}
 
-	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.String("listen")),
+	openBacking := func(path string) (blockdev.Device, error) {
+		openOpts := []blockdev.Option{blockdev.WithLogger(log)}
+		if cc.Bool("io-uring") {
+			openOpts = append(openOpts, blockdev.WithIOUring())
+		}
+		return blockdev.Open(path, openOpts...)
+	}
+	mgmt, err := manageFromFlags(cc, dataDir)
+	if err != nil {
+		return err
+	}
+	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.StringSlice("listen")...),
 		target.WithListenNVMeTCP(cc.String("listen-nvme-tcp")),
 		target.WithListenNVMeTCPDiscovery(cc.String("listen-nvme-tcp-discovery")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
-		target.WithQueueDepth(cc.Int("queue-depth"))}
+		target.WithQueueDepth(cc.Int("queue-depth")), target.WithBackingOpener(openBacking),
+		target.WithVolumeDir(mgmt.volumeDir)}
 	opts = append(opts, lims.options()...)
 	if cc.Bool("pin") {
 		opts = append(opts, target.WithPinnedBudget(memory))
+	} else {
+		opts = append(opts, target.WithMemory(memory))
 	}
 	if d := cc.Duration("busy-poll"); d > 0 {
 		opts = append(opts, target.WithBusyPoll(d))
@@ -149,11 +165,7 @@ func serve(cc *cli.Context) error {
 	}
 	for i, s := range subs {
 		for _, ns := range s.Namespaces {
-			openOpts := []blockdev.Option{blockdev.WithLogger(log)}
-			if cc.Bool("io-uring") {
-				openOpts = append(openOpts, blockdev.WithIOUring())
-			}
-			dev, err := blockdev.Open(ns.Backing, openOpts...)
+			dev, err := openBacking(ns.Backing)
 			if err != nil {
 				closeAll()
 				return fmt.Errorf("backing %s: %w", ns.Backing, err)
@@ -165,19 +177,32 @@ func serve(cc *cli.Context) error {
 			devs = append(devs, opened{i, ns, dev})
 		}
 	}
-	var sizes, fixed []int64
-	for _, o := range devs {
-		sizes = append(sizes, o.dev.Size())
-		fixed = append(fixed, o.spec.budget)
-	}
-	budgets, err := splitBudget(memory, sizes, fixed)
+	tg, err := target.New(opts...)
 	if err != nil {
 		closeAll()
 		return err
 	}
-
-	tg, err := target.New(opts...)
+	// The namespaces the management API created keep the budgets they were
+	// given; the configuration's share what they leave.
+	managed, err := tg.ManagedBudgets()
 	if err != nil {
+		tg.Close()
+		closeAll()
+		return err
+	}
+	if managed > memory && !cc.Bool("pin") {
+		tg.Close()
+		closeAll()
+		return fmt.Errorf("--memory %s: the namespaces created through the management API hold DRAM budgets of %s together: raise --memory", sizes.Format(memory), sizes.Format(managed))
+	}
+	var devSizes, fixed []int64
+	for _, o := range devs {
+		devSizes = append(devSizes, o.dev.Size())
+		fixed = append(fixed, o.spec.budget)
+	}
+	budgets, err := splitBudget(max(memory-managed, 0), devSizes, fixed)
+	if err != nil {
+		tg.Close()
 		closeAll()
 		return err
 	}
@@ -203,20 +228,40 @@ func serve(cc *cli.Context) error {
 				}
 				return err
 			}
-			dram := "DRAM " + formatSize(budgets[j])
+			dram := "DRAM " + sizes.Format(budgets[j])
 			switch {
 			case n.Pinned():
 				dram = "held in pinned DRAM"
 			case !n.OneSided():
 				dram = "larger than the pinned DRAM left: two-sided only"
 			}
-			summary = append(summary, fmt.Sprintf("%s ns %d = %s (%s, %s)", s.NQN, n.NSID(), o.spec.Backing, formatSize(n.Size()), dram))
+			summary = append(summary, fmt.Sprintf("%s ns %d = %s (%s, %s)", s.NQN, n.NSID(), o.spec.Backing, sizes.Format(n.Size()), dram))
 		}
 		if !s.AllowAnyHost && len(sub.Hosts()) == 0 {
 			log.Warn("no host may connect to this subsystem: add --allow-host NQN or --allow-any-host", "subsystem", s.NQN)
 		}
 	}
+	restored, err := tg.RestoreManaged()
+	if err != nil {
+		tg.Close()
+		return err
+	}
+	for _, what := range restored.Namespaces {
+		summary = append(summary, what+" (created through the management API)")
+	}
+	if len(restored.Subsystems)+len(restored.Namespaces)+len(restored.Skipped) > 0 {
+		log.Info("restored what the management API created", "subsystems", len(restored.Subsystems),
+			"namespaces", len(restored.Namespaces), "skipped", restored.Skipped)
+	}
+	if len(summary) == 0 {
+		summary = append(summary, "no namespace yet")
+	}
 	if err := tg.Start(); err != nil {
+		tg.Close()
+		return err
+	}
+	stopManage, err := mgmt.serve(tg, log)
+	if err != nil {
 		tg.Close()
 		return err
 	}
@@ -234,9 +279,9 @@ func serve(cc *cli.Context) error {
 	}
 	mode := "unpinned (NP-RDMA)"
 	if cc.Bool("pin") {
-		mode = "PINNED baseline (" + formatSize(memory) + " pinned at start)"
+		mode = "PINNED baseline (" + sizes.Format(memory) + " pinned at start)"
 	}
-	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), prov.Name(), tg.Addr(), mode, tg.PreviousRun().String()))
+	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), providerSummary(prov.Name(), tg.Addrs()), tg.Addr(), mode, tg.PreviousRun().String()))
 	if a := tg.NVMeTCPAddr(); a != "" {
 		fmt.Fprint(os.Stderr, banner.NVMeTCPLine(a, tg.NVMeTCPDiscoveryAddr()))
 	}
@@ -269,6 +314,7 @@ func serve(cc *cli.Context) error {
 	// The metrics server answers until the end (/readyz says "shutting
 	// down"), then is closed at once: waiting for its clients would take
 	// from the bound.
+	stopManage()
 	err = tg.Shutdown(sctx)
 	if metricsSrv != nil {
 		metricsSrv.Close()
@@ -312,13 +358,14 @@ func subsystemsFromFlags(cc *cli.Context) ([]subsystemSpec, error) {
 }
 
 // splitBudget gives each namespace without a budget of its own a share of
-// memory (what the explicit budgets leave) in proportion to its size. The
+// memory (what the explicit budgets leave) in proportion to its size, at
+// most its size. The
 // pinned baseline (--pin) ignores the shares: it pins the whole of memory
 // and places namespaces in it while they fit.
-func splitBudget(memory int64, sizes, fixed []int64) ([]int64, error) {
-	out := make([]int64, len(sizes))
+func splitBudget(memory int64, nsSizes, fixed []int64) ([]int64, error) {
+	out := make([]int64, len(nsSizes))
 	var fixedSum, freeSizes int64
-	for i, s := range sizes {
+	for i, s := range nsSizes {
 		if fixed[i] > 0 {
 			out[i] = fixed[i]
 			fixedSum += fixed[i]
@@ -327,12 +374,14 @@ func splitBudget(memory int64, sizes, fixed []int64) ([]int64, error) {
 		}
 	}
 	if fixedSum > memory {
-		return nil, fmt.Errorf("namespace budgets add up to %s, more than --memory %s", formatSize(fixedSum), formatSize(memory))
+		return nil, fmt.Errorf("namespace budgets add up to %s, more than --memory %s", sizes.Format(fixedSum), sizes.Format(memory))
 	}
 	left := memory - fixedSum
-	for i, s := range sizes {
+	for i, s := range nsSizes {
 		if out[i] == 0 && freeSizes > 0 {
-			share := int64(float64(left) * float64(s) / float64(freeSizes))
+			// No more than the namespace itself: what it cannot use stays
+			// free for namespaces created through the management API.
+			share := min(int64(float64(left)*float64(s)/float64(freeSizes)), s)
 			out[i] = max(share/4096*4096, 16*4096)
 		}
 	}
@@ -345,6 +394,26 @@ func newLogger(level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// providerSummary names the provider for the banner, with the listeners
+// that take other providers (shm, for initiators on this host).
+func providerSummary(name string, addrs []string) string {
+	var others []string
+	for _, a := range addrs[min(1, len(addrs)):] {
+		if strings.HasPrefix(a, shm.Scheme) {
+			others = append(others, "shm on "+a)
+		} else {
+			others = append(others, "also on "+a)
+		}
+	}
+	if len(addrs) > 0 && strings.HasPrefix(addrs[0], shm.Scheme) {
+		name = "shm"
+	}
+	if len(others) == 0 {
+		return name
+	}
+	return name + " (" + strings.Join(others, ", ") + ")"
 }
 
 func newProvider(name string) (nprdma.Provider, error) {

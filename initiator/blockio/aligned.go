@@ -30,9 +30,8 @@ const (
 // Reads take no lock: each block is written whole, so a read overlapping a
 // write sees what the backend's own ordering gives it, as with any disk.
 type aligned struct {
-	b     Backend
+	b     Backend // its Size may grow (a namespace the target resized)
 	bs    int64
-	size  int64
 	locks [lockStripes]sync.RWMutex
 	bufs  sync.Pool // *[]byte of one block, for edges
 }
@@ -44,7 +43,7 @@ func NewAligned(b Backend) Backend {
 	if b.BlockSize() <= 1 {
 		return b
 	}
-	a := &aligned{b: b, bs: int64(b.BlockSize()), size: b.Size()}
+	a := &aligned{b: b, bs: int64(b.BlockSize())}
 	a.bufs.New = func() any {
 		buf := make([]byte, a.bs)
 		return &buf
@@ -52,15 +51,15 @@ func NewAligned(b Backend) Backend {
 	return a
 }
 
-func (a *aligned) Size() int64     { return a.size }
+func (a *aligned) Size() int64     { return a.b.Size() }
 func (a *aligned) BlockSize() int  { return 1 }
 func (a *aligned) Unwrap() Backend { return a.b }
 func (a *aligned) Flush() error    { return a.b.Flush() }
 
 func (a *aligned) check(op string, off, length int64) error {
-	if !CheckRange(off, length, a.size) {
+	if size := a.b.Size(); !CheckRange(off, length, size) {
 		return rangeError("aligned backend", op, off, length,
-			fmt.Errorf("%w (size %d)", ErrOutOfRange, a.size))
+			fmt.Errorf("%w (size %d)", ErrOutOfRange, size))
 	}
 	return nil
 }

@@ -82,6 +82,8 @@ type Attachment struct {
 	backend  blockio.Backend
 	fuseConn uint64 // fusectl connection id, to abort a stuck mount
 	obs      *observer
+	disk     *diskNode
+	size     atomic.Int64 // what the file serves of the backend (Resize)
 
 	mu       sync.Mutex
 	loop     *loopDevice
@@ -177,11 +179,14 @@ func Attach(ctx context.Context, b blockio.Backend, opts ...Option) (*Attachment
 
 // mount mounts the filesystem and starts serving it.
 func (a *Attachment) mount(b blockio.Backend) error {
-	size := b.Size()
+	a.size.Store(b.Size())
 	now := time.Now()
-	root := &rootNode{size: size}
-	disk := &diskNode{b: blockio.NewAligned(b), size: size, readOnly: a.cfg.readOnly, mtime: now, obs: a.obs}
-	timeout := time.Hour // nothing about the file ever changes
+	root := &rootNode{size: &a.size}
+	disk := &diskNode{b: blockio.NewAligned(b), size: &a.size, readOnly: a.cfg.readOnly, mtime: now, obs: a.obs}
+	a.disk = disk
+	// Nothing about the file changes but its size, and Resize tells the
+	// kernel when it does.
+	timeout := time.Hour
 	opts := &fs.Options{
 		MountOptions: fuse.MountOptions{
 			FsName:        "nprdma",
@@ -371,3 +376,45 @@ func abortFUSE(id uint64) error {
 // LoopDevicesFor lists the loop devices bound to file (for tools and
 // tests: after Detach, none are bound to the attachment's file).
 func LoopDevicesFor(file string) ([]string, error) { return loopDevicesFor(file) }
+
+// Resize serves the backend's size again after it grew (an initiator
+// namespace the target resized): the FUSE file takes the new size, the
+// kernel is told to drop the attributes it cached (FUSE_NOTIFY_INVAL_INODE)
+// and reads them again, and the loop device re-reads its backing file's
+// size (LOOP_SET_CAPACITY), so that /dev/loopN grows while it is in use (a
+// mounted file system can then be grown online, resize2fs). A backend that
+// shrank is refused: data beyond its end would vanish under the device.
+func (a *Attachment) Resize() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.detached {
+		return errors.New("fuseblk: resize: detached")
+	}
+	size, old := a.backend.Size(), a.size.Load()
+	switch {
+	case size == old:
+		return nil
+	case size < old:
+		return fmt.Errorf("fuseblk: resize: the backend shrank from %d to %d bytes", old, size)
+	case a.loop != nil && size%int64(a.cfg.loopBlockSize) != 0:
+		return fmt.Errorf("fuseblk: resize: backend size %d is not a multiple of the loop block size %d", size, a.cfg.loopBlockSize)
+	}
+	a.size.Store(size)
+	if errno := a.disk.NotifyContent(0, 0); errno != 0 {
+		return fmt.Errorf("fuseblk: resize: invalidating the file's attributes: %w", errno)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(a.file, &st); err != nil {
+		return fmt.Errorf("fuseblk: resize: %w", err)
+	}
+	if st.Size != size {
+		return fmt.Errorf("fuseblk: resize: the kernel sees %s at %d bytes, not %d", a.file, st.Size, size)
+	}
+	if a.loop != nil && a.loop.f != nil {
+		if err := unix.IoctlSetInt(int(a.loop.f.Fd()), unix.LOOP_SET_CAPACITY, 0); err != nil {
+			return fmt.Errorf("fuseblk: resize: LOOP_SET_CAPACITY %s: %w", a.loop.path, err)
+		}
+	}
+	a.cfg.logger.Info("fuseblk: resized", "file", a.file, "from", old, "to", size)
+	return nil
+}

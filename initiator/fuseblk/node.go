@@ -2,6 +2,7 @@ package fuseblk
 
 import (
 	"context"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -27,7 +28,7 @@ const (
 type diskNode struct {
 	fs.Inode
 	b        blockio.Backend // accepts any alignment
-	size     int64
+	size     *atomic.Int64   // the backend's size as served (Attachment.Resize)
 	readOnly bool
 	mtime    time.Time
 	obs      *observer
@@ -50,8 +51,9 @@ func (n *diskNode) fillAttr(a *fuse.Attr) {
 	if n.readOnly {
 		a.Mode = syscall.S_IFREG | 0o400
 	}
-	a.Size = uint64(n.size)
-	a.Blocks = uint64(n.size+511) / 512
+	size := n.size.Load()
+	a.Size = uint64(size)
+	a.Blocks = uint64(size+511) / 512
 	a.Blksize = 4096
 	a.Nlink = 1
 	a.SetTimes(nil, &n.mtime, &n.mtime)
@@ -63,9 +65,9 @@ func (n *diskNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrO
 }
 
 // Setattr accepts changes that mean nothing for a block device (times,
-// mode) but refuses to change the size: the backend's size is fixed.
+// mode) but refuses to change the size: the backend's size is the file's.
 func (n *diskNode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if size, ok := in.GetSize(); ok && int64(size) != n.size {
+	if size, ok := in.GetSize(); ok && int64(size) != n.size.Load() {
 		return syscall.EPERM
 	}
 	n.fillAttr(&out.Attr)
@@ -80,10 +82,11 @@ func (n *diskNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 }
 
 func (n *diskNode) Read(ctx context.Context, f fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	if off >= n.size {
+	size := n.size.Load()
+	if off >= size {
 		return fuse.ReadResultData(nil), 0
 	}
-	dest = dest[:min(int64(len(dest)), n.size-off)]
+	dest = dest[:min(int64(len(dest)), size-off)]
 	if _, err := n.b.ReadAt(dest, off); err != nil {
 		return nil, n.obs.fail("read", off, int64(len(dest)), err)
 	}
@@ -96,10 +99,11 @@ func (n *diskNode) Write(ctx context.Context, f fs.FileHandle, data []byte, off 
 	if n.readOnly {
 		return 0, syscall.EROFS
 	}
-	if off >= n.size && len(data) > 0 {
+	size := n.size.Load()
+	if off >= size && len(data) > 0 {
 		return 0, syscall.ENOSPC
 	}
-	data = data[:min(int64(len(data)), n.size-off)]
+	data = data[:min(int64(len(data)), size-off)]
 	if _, err := n.b.WriteAt(data, off); err != nil {
 		return 0, n.obs.fail("write", off, int64(len(data)), err)
 	}
@@ -138,16 +142,17 @@ func (n *diskNode) Allocate(ctx context.Context, f fs.FileHandle, off uint64, si
 	if start < 0 || length < 0 {
 		return syscall.EINVAL
 	}
+	end := n.size.Load()
 	switch mode {
 	case 0, fallocKeepSize:
-		if !blockio.CheckRange(start, length, n.size) {
+		if !blockio.CheckRange(start, length, end) {
 			if mode == 0 {
 				return syscall.EFBIG // cannot grow
 			}
 		}
 		return 0
 	case fallocPunchHole | fallocKeepSize:
-		length = clampLength(start, length, n.size)
+		length = clampLength(start, length, end)
 		if length == 0 {
 			return 0
 		}
@@ -157,10 +162,10 @@ func (n *diskNode) Allocate(ctx context.Context, f fs.FileHandle, off uint64, si
 		n.obs.trims.Add(1)
 		return 0
 	case fallocZeroRange, fallocZeroRange | fallocKeepSize:
-		if mode == fallocZeroRange && !blockio.CheckRange(start, length, n.size) {
+		if mode == fallocZeroRange && !blockio.CheckRange(start, length, end) {
 			return syscall.EFBIG
 		}
-		length = clampLength(start, length, n.size)
+		length = clampLength(start, length, end)
 		if length == 0 {
 			return 0
 		}
@@ -184,7 +189,7 @@ func clampLength(off, length, size int64) int64 {
 // Statfs reports a 4 KiB block size: the loop driver takes its discard
 // granularity from it.
 func (n *diskNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	fillStatfs(out, n.size)
+	fillStatfs(out, n.size.Load())
 	return 0
 }
 
@@ -198,12 +203,12 @@ func fillStatfs(out *fuse.StatfsOut, size int64) {
 // rootNode is the directory holding the disk file.
 type rootNode struct {
 	fs.Inode
-	size int64
+	size *atomic.Int64 // the disk's
 }
 
 var _ fs.NodeStatfser = (*rootNode)(nil)
 
 func (r *rootNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	fillStatfs(out, r.size)
+	fillStatfs(out, r.size.Load())
 	return 0
 }

@@ -14,10 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/integration/np/npread"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/swap"
 )
@@ -31,11 +34,31 @@ type provider struct {
 	name   string
 	new    func() nprdma.Provider
 	listen string // address for Device.Listen
+	// region are the options a region served on it needs (shm reads
+	// shareable regions in place).
+	region []swap.Option
 }
 
 var providers = []provider{
-	{"loop", func() nprdma.Provider { return loop.New() }, ""},
-	{"tcp", func() nprdma.Provider { return tcp.New() }, "127.0.0.1:0"},
+	{"loop", func() nprdma.Provider { return loop.New() }, "", nil},
+	{"tcp", func() nprdma.Provider { return tcp.New() }, "127.0.0.1:0", nil},
+	{"shm", func() nprdma.Provider { return shm.New() }, "", []swap.Option{swap.WithShareable()}},
+}
+
+// regionOpts are p's region options followed by opts.
+func (p provider) regionOpts(opts ...swap.Option) []swap.Option {
+	return append(append([]swap.Option(nil), p.region...), opts...)
+}
+
+// pagesRead is how many pages of unpinned regions were read for READs: by
+// the target's NIC engine, and by the initiator in place (shm).
+func pagesRead(tg *target, in *initiator) uint64 {
+	return tg.dev.Stats().UnpinnedPagesRead + in.dev.Stats().LocalPagesRead
+}
+
+// magicServed is how many of them were delivered as the magic page.
+func magicServed(tg *target, in *initiator) uint64 {
+	return tg.dev.Stats().MagicPagesServed + in.dev.Stats().LocalMagicPages
 }
 
 func quietLogger() *slog.Logger {
@@ -296,4 +319,27 @@ func mustWrite(t testing.TB, r *swap.Region, p []byte, off int64) {
 	if n, err := r.WriteAt(p, off); err != nil || n != len(p) {
 		t.Fatalf("WriteAt(%d bytes at %d) = %d, %v", len(p), off, n, err)
 	}
+}
+
+// filePages reports which of the first n pages of f hold data (SEEK_DATA:
+// a hole holds no memory).
+func filePages(f *os.File, n int) ([]bool, error) {
+	out := make([]bool, n)
+	fd := int(f.Fd())
+	size := int64(n) * pageSize
+	for off := int64(0); off < size; {
+		at, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if err != nil {
+			break // ENXIO: nothing after off
+		}
+		end, err := unix.Seek(fd, at, unix.SEEK_HOLE)
+		if err != nil {
+			return nil, err
+		}
+		for pg := at / pageSize; pg < (end+pageSize-1)/pageSize && pg < int64(n); pg++ {
+			out[pg] = true
+		}
+		off = end
+	}
+	return out, nil
 }

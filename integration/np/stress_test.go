@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/integration/np/npread"
+	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/swap"
 )
 
@@ -52,7 +53,7 @@ func stress(t *testing.T, p provider) {
 	}
 	t.Logf("seed %d (NPRDMA_NP_SEED replays)", seed)
 
-	region := newRegion(t, pages, swap.WithBudget(budget*pageSize))
+	region := newRegion(t, pages, p.regionOpts(swap.WithBudget(budget*pageSize))...)
 	// Three quarters of the pages start at version 1; the rest are zero
 	// until a writer picks them, and the last eighth stays zero.
 	var started, completed [pages]atomic.Uint64
@@ -211,10 +212,11 @@ func stress(t *testing.T, p provider) {
 	case readsWhileWriting == 0:
 		t.Error("no read while the writers ran")
 	}
-	// Every magic page the target's NIC engine served is a suspected fault
-	// the initiator found, and nothing else is.
-	if served, found := tg.dev.Stats().MagicPagesServed, in.dev.Stats().SuspectedFaults; served != found || found != sum.SuspectedFaults {
-		t.Errorf("magic pages served %d, suspected faults found by the device %d, by the requesters %d", served, found, sum.SuspectedFaults)
+	// Every magic page delivered (by the target's NIC engine, or by the
+	// initiator reading in place) is a suspected fault the initiator
+	// found, and nothing else is.
+	if served, found := magicServed(tg, in), in.dev.Stats().SuspectedFaults; served != found || found != sum.SuspectedFaults {
+		t.Errorf("magic pages delivered %d, suspected faults found by the device %d, by the requesters %d", served, found, sum.SuspectedFaults)
 	}
 	// Only the slow path faulted pages in (writers write whole pages, which
 	// install without a fault), so its reports add up to the region's.
@@ -223,5 +225,46 @@ func stress(t *testing.T, p provider) {
 	}
 	if sum.MinorFaults == 0 || sum.MajorFaults == 0 {
 		t.Errorf("minor %d, major %d: both kinds of resolution should occur", sum.MinorFaults, sum.MajorFaults)
+	}
+	if sp, ok := in.dev.Provider().(*shm.Provider); ok {
+		st := in.dev.Stats()
+		t.Logf("%s: %d READs in place (%d pages, %d magic), %d copies met a released page", p.name, st.LocalReads,
+			st.LocalPagesRead, st.LocalMagicPages, sp.Stats().InPlaceFaults)
+		if st.LocalReads == 0 {
+			t.Error("no READ was executed in place")
+		}
+		checkNoPlantedPages(t, region)
+	}
+}
+
+// checkNoPlantedPages checks, once the region is quiet, that the pages
+// holding memory in a shareable region's memory file are exactly its
+// present pages: no reader in place brought a released page back.
+func checkNoPlantedPages(t *testing.T, r *swap.Region) {
+	t.Helper()
+	data, _, _, ok := r.ShareFiles()
+	if !ok {
+		t.Fatal("region is not shareable")
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		held, err := filePages(data, r.NumPages())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wrong []int
+		for pg := range held {
+			s := atomic.LoadUint64(&r.States()[pg])
+			if s&swap.StateBusy == 0 && held[pg] != (s&swap.StatePresent != 0) {
+				wrong = append(wrong, pg)
+			}
+		}
+		if len(wrong) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pages %v: memory in the region's file does not match their state (present or not)", wrong)
+		}
+		time.Sleep(10 * time.Millisecond) // the evictor may still be finishing a batch
 	}
 }

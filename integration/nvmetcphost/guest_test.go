@@ -1,8 +1,3 @@
-// Package lab (the guest lab) is not in this branch yet: the build tag
-// keeps the test out until it is, then this constraint goes.
-
-//go:build nprdma_lab
-
 package nvmetcphost
 
 import (

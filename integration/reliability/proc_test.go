@@ -6,13 +6,12 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nprdma/nprdma/internal/banner"
+	"github.com/nprdma/nprdma/internal/gobuild"
 )
 
 // childEnv makes the test binary run a child role instead of the tests (see
@@ -24,71 +23,15 @@ func TestMain(m *testing.M) {
 		os.Exit(runChild(role))
 	}
 	code := m.Run()
-	if built.dir != "" {
-		os.RemoveAll(built.dir)
-	}
+	gobuild.Clean()
 	os.Exit(code)
-}
-
-// built is the nprdma-target binary this test run built (once).
-var built struct {
-	once sync.Once
-	dir  string
-	path string
-	err  error
 }
 
 // targetBinary is the nprdma-target command: NPRDMA_TARGET_BIN, or built
 // from this module's ./cmd/nprdma-target into a temporary directory.
 func targetBinary(t testing.TB) string {
 	t.Helper()
-	if p := os.Getenv("NPRDMA_TARGET_BIN"); p != "" {
-		return p
-	}
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("needs the go command to build nprdma-target (or NPRDMA_TARGET_BIN naming a built one)")
-	}
-	built.once.Do(func() {
-		root, err := moduleRoot()
-		if err != nil {
-			built.err = err
-			return
-		}
-		if built.dir, err = os.MkdirTemp("", "nprdma-reliability-"); err != nil {
-			built.err = err
-			return
-		}
-		path := filepath.Join(built.dir, "nprdma-target")
-		cmd := exec.Command("go", "build", "-o", path, "./cmd/nprdma-target")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			built.err = fmt.Errorf("go build ./cmd/nprdma-target: %v\n%s", err, out)
-			return
-		}
-		built.path = path
-	})
-	if built.err != nil {
-		t.Fatal(built.err)
-	}
-	return built.path
-}
-
-// moduleRoot is the directory of the go.mod above the working directory.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
+	return gobuild.Command(t, "nprdma-target", "NPRDMA_TARGET_BIN")
 }
 
 // freeAddr is a loopback address with a port nobody listens on (for a

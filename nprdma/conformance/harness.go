@@ -25,6 +25,11 @@ type Harness struct {
 	// CQOptions apply to every completion queue the suite creates (a run
 	// with busy-polling CQs, for example).
 	CQOptions []nprdma.CQOption
+	// SharesInPlace says the provider's requesters execute READs of a
+	// region whose pager is an nprdma.SharedPager themselves once the
+	// responder has shared it (nprdma.LocalReader): the suite then checks
+	// that they did.
+	SharesInPlace bool
 }
 
 // FaultInjector is implemented by providers that can act on the process

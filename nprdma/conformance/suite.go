@@ -42,6 +42,7 @@ func Run(t *testing.T, h Harness) {
 		{"CQOverflow", testCQOverflow},
 		{"LargeBidirectional", testLargeBidirectional},
 		{"Unpinned", testUnpinned},
+		{"UnpinnedShared", testUnpinnedShared},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })

@@ -193,3 +193,141 @@ func testUnpinned(t *testing.T, h Harness) {
 	one(t, cli.scq, 1000, nprdma.OpWrite, nprdma.StatusRemoteAccess)
 	sameBytes(t, "unpinned page after a refused WRITE", pg.Page(30), before)
 }
+
+// testUnpinnedShared reads a region whose pager may be shared with the
+// requester (nprdmatest.NewSharedPager). Whoever executes the READs — the
+// responder's NIC engine, or the requester in place after the responder
+// shared the region — the bytes, the magic pages and the counters (the
+// responder's and the requester's together) are the same. A deregistered
+// region is refused either way.
+func testUnpinnedShared(t *testing.T, h Harness) {
+	const pages, ps = 48, 4096
+	cli, srv := connect(t, h, pairConfig{})
+	pg, err := nprdmatest.NewSharedPager(pages, ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	rand.Read(pg.Bytes())
+	mr, err := srv.pd.RegisterUnpinned(pg, nprdma.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mr.Deregister()
+	lmr, lbuf := cli.region(t, pages*ps, rw)
+	id := uint64(0)
+	readSG := func(off int, sges []nprdma.SGE, st nprdma.Status) {
+		t.Helper()
+		id++
+		post(t, cli.qp, nprdma.SendWR{ID: id, Op: nprdma.OpRead, SG: sges, RemoteAddr: mr.Addr() + uint64(off), RKey: mr.RKey(), Signaled: true})
+		one(t, cli.scq, id, nprdma.OpRead, st)
+	}
+	zero := map[int]bool{}
+	// expect does not touch the memory of the magic pages: that would
+	// bring released pages back.
+	expect := func(off, n int, magic map[int]bool) []byte {
+		out := make([]byte, n)
+		for i := range out {
+			p := off + i
+			switch {
+			case magic[p/ps]:
+				out[i] = byte(mr.Magic() >> (8 * ((p % ps) % 8)))
+			case !zero[p/ps]:
+				out[i] = pg.Bytes()[p]
+			}
+		}
+		return out
+	}
+	srvBefore, cliBefore := srv.dev.Stats(), cli.dev.Stats()
+	var wantPages, wantMagic uint64
+	check := func(name string, off, n int, magic map[int]bool) {
+		t.Helper()
+		readSG(off, []nprdma.SGE{lmr.SGE(0, n)}, nprdma.StatusSuccess)
+		sameBytes(t, name, lbuf[:n], expect(off, n, magic))
+		if r := cli.dev.FindMagicPages(lbuf[:n], mr.Addr()+uint64(off), mr.Addr(), ps, mr.Magic()); len(magic) == 0 && len(r) != 0 {
+			t.Fatalf("%s: suspected faults %+v in resident pages", name, r)
+		}
+		wantPages += uint64((off+n-1)/ps - off/ps + 1)
+		wantMagic += uint64(len(magic))
+	}
+
+	check("first read", 0, ps, nil)
+	if h.SharesInPlace {
+		// The responder shared the region when it served the first READ;
+		// the requester reads in place once it has mapped it.
+		eventually(t, "a READ executed in place", func() bool {
+			check("resident page", ps, ps, nil)
+			return cli.dev.Stats().LocalReads > cliBefore.LocalReads
+		})
+		pg.Accessed(1) // reads before the share do not mark it
+	}
+	check("resident page", 2*ps, 2*ps, nil)
+	pg.SetState(5, nprdmatest.Absent)
+	check("absent page", 5*ps, ps, map[int]bool{5: true})
+	pg.SetState(6, nprdmatest.Busy)
+	check("busy page", 6*ps, ps, map[int]bool{6: true})
+	pg.SetState(8, nprdmatest.Zero)
+	zero[8] = true
+	check("zero page", 8*ps, ps, nil)
+	pg.SetState(12, nprdmatest.Absent)
+	pg.SetState(13, nprdmatest.Busy)
+	pg.SetState(14, nprdmatest.Zero)
+	zero[14] = true
+	check("mixed unaligned", 10*ps+100, 6*ps+2900, map[int]bool{12: true, 13: true})
+
+	// Scattered into three SGEs whose boundaries fall inside pages, one of
+	// them absent: each page part is wholly data or wholly magic.
+	pg.SetState(21, nprdmatest.Absent)
+	off, n := 20*ps+500, 3*ps+1000 // pages 20..23
+	cuts := []int{0, ps + 700, 2*ps + 300, n}
+	var sges []nprdma.SGE
+	for i := 0; i+1 < len(cuts); i++ {
+		sges = append(sges, lmr.SGE((i+1)*8*ps+cuts[i], cuts[i+1]-cuts[i]))
+	}
+	readSG(off, sges, nprdma.StatusSuccess)
+	var got []byte
+	for i := 0; i+1 < len(cuts); i++ {
+		at := (i+1)*8*ps + cuts[i]
+		got = append(got, lbuf[at:at+cuts[i+1]-cuts[i]]...)
+	}
+	sameBytes(t, "scattered read", got, expect(off, n, map[int]bool{21: true}))
+	if r := cli.dev.FindMagicPages(got, mr.Addr()+uint64(off), mr.Addr(), ps, mr.Magic()); len(r) != 1 || r[0].Addr != mr.Addr()+21*ps || r[0].Len != ps {
+		t.Fatalf("scattered read: suspected faults %+v", r)
+	}
+	wantPages += 4
+	wantMagic++
+
+	srvAfter, cliAfter := srv.dev.Stats(), cli.dev.Stats()
+	if d := (srvAfter.UnpinnedPagesRead - srvBefore.UnpinnedPagesRead) + (cliAfter.LocalPagesRead - cliBefore.LocalPagesRead); d != wantPages {
+		t.Fatalf("pages read %d (responder) + %d (in place), want %d in all", srvAfter.UnpinnedPagesRead-srvBefore.UnpinnedPagesRead,
+			cliAfter.LocalPagesRead-cliBefore.LocalPagesRead, wantPages)
+	}
+	if d := (srvAfter.MagicPagesServed - srvBefore.MagicPagesServed) + (cliAfter.LocalMagicPages - cliBefore.LocalMagicPages); d != wantMagic {
+		t.Fatalf("magic pages %d (responder) + %d (in place), want %d", srvAfter.MagicPagesServed-srvBefore.MagicPagesServed,
+			cliAfter.LocalMagicPages-cliBefore.LocalMagicPages, wantMagic)
+	}
+	if d := cliAfter.SuspectedFaults - cliBefore.SuspectedFaults; d != wantMagic {
+		t.Fatalf("suspected faults %d, want %d", d, wantMagic)
+	}
+	if pg.InFlight() != 0 {
+		t.Fatalf("%d pager reads begun and never ended", pg.InFlight())
+	}
+	if h.SharesInPlace {
+		if !pg.Accessed(2) || !pg.Accessed(3) || pg.Accessed(5) || pg.Accessed(30) {
+			t.Fatal("the access map does not say which pages were read in place")
+		}
+		// Absent pages were not brought back by the reads.
+		for _, p := range []int{5, 12, 21} {
+			if pg.Allocated(p) {
+				t.Fatalf("page %d, absent, has memory again after the reads", p)
+			}
+		}
+	}
+
+	// Deregistered: refused, in place or not, and the queue pairs fail.
+	if err := mr.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	readSG(0, []nprdma.SGE{lmr.SGE(0, ps)}, nprdma.StatusRemoteAccess)
+	expectErr(t, cli.qp, nprdma.ErrRemoteAccess)
+}

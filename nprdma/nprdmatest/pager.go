@@ -4,7 +4,11 @@ package nprdmatest
 
 import (
 	"fmt"
+	"os"
 	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nprdma/nprdma/nprdma"
 )
@@ -40,6 +44,7 @@ type Pager struct {
 	mem      []byte
 	pageSize int
 	words    []atomic.Uint64
+	shared   *sharedFiles  // NewSharedPager
 	change   []atomic.Bool // bump the version between the next ReadBegin and ReadEnd
 	inFlight atomic.Int64
 	begins   atomic.Uint64
@@ -66,7 +71,12 @@ func NewPager(pages, pageSize int) (*Pager, error) {
 }
 
 // Close frees the pager's memory.
-func (p *Pager) Close() error { return nprdma.FreeBuffer(p.mem) }
+func (p *Pager) Close() error {
+	if p.shared != nil {
+		return p.shared.close()
+	}
+	return nprdma.FreeBuffer(p.mem)
+}
 
 // Bytes implements nprdma.Pager.
 func (p *Pager) Bytes() []byte { return p.mem }
@@ -109,8 +119,13 @@ func (p *Pager) Advise(off, length int64) error {
 	return nil
 }
 
-// SetState sets page i's state; every change bumps the version.
+// SetState sets page i's state; every change bumps the version. On a
+// shared pager, Absent also releases the page's memory (it reads zeros when
+// it is made resident again), as a real pager's eviction does.
 func (p *Pager) SetState(i int, s PageState) {
+	if s == Absent && p.shared != nil {
+		defer p.shared.punch(i*p.pageSize, p.pageSize)
+	}
 	for {
 		old := p.words[i].Load()
 		w := (old &^ (versionOne - 1)) + versionOne
@@ -146,4 +161,123 @@ func MagicPage(magic uint64, pageSize int) []byte {
 		b[k] = byte(magic >> (8 * (k % 8)))
 	}
 	return b
+}
+
+// sharedFiles are the memory files of a shared pager.
+type sharedFiles struct {
+	data, states, access *os.File
+	roData, roStates     *os.File
+	stateMem, accessMem  []byte
+	mem                  []byte
+}
+
+// NewSharedPager returns a pager like NewPager whose memory, state words and
+// access map are memory files that another process may map
+// (nprdma.SharedPager), as a shareable swap.Region's are. A page set Absent
+// has its memory released (a hole in the file).
+func NewSharedPager(pages, pageSize int) (*Pager, error) {
+	if pages <= 0 || pageSize <= 0 || pageSize%8 != 0 || pageSize%os.Getpagesize() != 0 {
+		return nil, fmt.Errorf("nprdmatest: shared pager of %d pages of %d bytes: bad geometry", pages, pageSize)
+	}
+	sf := &sharedFiles{}
+	fail := func(err error) (*Pager, error) {
+		sf.close()
+		return nil, err
+	}
+	mk := func(name string, size int) (*os.File, []byte, error) {
+		fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+		if err != nil {
+			return nil, nil, err
+		}
+		f := os.NewFile(uintptr(fd), name)
+		if err := f.Truncate(int64(size)); err != nil {
+			f.Close()
+			return nil, nil, err
+		}
+		m, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			f.Close()
+			return nil, nil, err
+		}
+		return f, m, nil
+	}
+	var err error
+	roundUp := func(n int) int { return (n + os.Getpagesize() - 1) &^ (os.Getpagesize() - 1) }
+	if sf.data, sf.mem, err = mk("nprdmatest-data", pages*pageSize); err != nil {
+		return fail(err)
+	}
+	if sf.states, sf.stateMem, err = mk("nprdmatest-states", roundUp(pages*8)); err != nil {
+		return fail(err)
+	}
+	if sf.access, sf.accessMem, err = mk("nprdmatest-access", roundUp((pages+63)/64*8)); err != nil {
+		return fail(err)
+	}
+	if sf.roData, err = os.Open(fmt.Sprintf("/proc/self/fd/%d", sf.data.Fd())); err != nil {
+		return fail(err)
+	}
+	if sf.roStates, err = os.Open(fmt.Sprintf("/proc/self/fd/%d", sf.states.Fd())); err != nil {
+		return fail(err)
+	}
+	p := &Pager{mem: sf.mem, pageSize: pageSize, shared: sf, change: make([]atomic.Bool, pages),
+		words: unsafe.Slice((*atomic.Uint64)(unsafe.Pointer(&sf.stateMem[0])), pages)}
+	for i := range p.words {
+		p.words[i].Store(bitPresent)
+	}
+	return p, nil
+}
+
+var _ nprdma.SharedPager = (*Pager)(nil)
+
+// ShareFiles implements nprdma.SharedPager (ok false unless the pager was
+// made with NewSharedPager).
+func (p *Pager) ShareFiles() (data, states, access *os.File, ok bool) {
+	if p.shared == nil {
+		return nil, nil, nil, false
+	}
+	return p.shared.roData, p.shared.roStates, p.shared.access, true
+}
+
+// StateBits implements nprdma.SharedPager.
+func (p *Pager) StateBits() (present, busy, zero uint64, versionShift uint) {
+	return bitPresent, bitBusy, bitZero, 16
+}
+
+// Accessed reports whether a reader in place marked page i used, and clears
+// the mark.
+func (p *Pager) Accessed(i int) bool {
+	if p.shared == nil {
+		return false
+	}
+	w := (*atomic.Uint64)(unsafe.Pointer(&p.shared.accessMem[i/64*8]))
+	bit := uint64(1) << (i % 64)
+	return w.And(^bit)&bit != 0
+}
+
+// Allocated reports whether page i of a shared pager's memory file holds a
+// page (false: a hole).
+func (p *Pager) Allocated(i int) bool {
+	if p.shared == nil {
+		return true
+	}
+	off := int64(i * p.pageSize)
+	at, err := unix.Seek(int(p.shared.data.Fd()), off, unix.SEEK_DATA)
+	return err == nil && at < off+int64(p.pageSize)
+}
+
+func (sf *sharedFiles) punch(off, n int) {
+	unix.Fallocate(int(sf.data.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(n))
+}
+
+func (sf *sharedFiles) close() error {
+	for _, m := range [][]byte{sf.mem, sf.stateMem, sf.accessMem} {
+		if m != nil {
+			unix.Munmap(m)
+		}
+	}
+	for _, f := range []*os.File{sf.data, sf.states, sf.access, sf.roData, sf.roStates} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	return nil
 }

@@ -30,6 +30,7 @@ func experiments() []bench.Spec {
 		e2ebench.NVMeTCPSpec(bins),
 		npbench.PoolSpec(),
 		e2ebench.StartupSpec(bins),
+		e2ebench.SHMSpec(bins),
 		e2ebench.GuestNVMeTCPSpec(bins),
 	}
 }

@@ -1,4 +1,6 @@
-package main
+// Package sizes reads and prints byte sizes as the commands take them
+// ("4GiB", "512MiB", "1G", "1GB"). It imports nothing of the project.
+package sizes
 
 import (
 	"fmt"
@@ -16,10 +18,10 @@ var sizeUnits = []struct {
 	{"B", 1},
 }
 
-// parseSize reads "4GiB", "512MiB", "1G" (binary), "1GB" (decimal) or a
+// Parse reads "4GiB", "512MiB", "1G" (binary), "1GB" (decimal) or a
 // plain number of bytes. Units are matched in any case ("1gib", "4k"), as
 // people type them; no two units differ only in case.
-func parseSize(s string) (int64, error) {
+func Parse(s string) (int64, error) {
 	t := strings.TrimSpace(s)
 	mult := int64(1)
 	for _, u := range sizeUnits {
@@ -42,9 +44,9 @@ func parseSize(s string) (int64, error) {
 	return int64(n), nil
 }
 
-// formatSize prints bytes in the largest binary unit that keeps one
+// Format prints bytes in the largest binary unit that keeps one
 // decimal.
-func formatSize(n int64) string {
+func Format(n int64) string {
 	switch {
 	case n >= 1<<40:
 		return fmt.Sprintf("%.1f TiB", float64(n)/(1<<40))
