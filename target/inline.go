@@ -18,8 +18,8 @@ import (
 // hold it (fence.go); and the admin commands that only read or set the
 // controller's state (inlineAdmin). Whatever may wait — a fault that reads
 // the backing device, a Flush, a write through, host data still to fetch, a
-// held write, Connect, Dataset Management — goes to a worker as before, so it
-// never holds up the commands behind it.
+// held write, Connect, Authentication Send and Receive, Dataset Management —
+// goes to a worker, so it never holds up the commands behind it.
 //
 // "Without waiting" is not guessed beforehand: the store's try-variants
 // (swap.Region.TryReadAt and TryWriteAt) do the work only if no page is
