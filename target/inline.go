@@ -97,7 +97,7 @@ func (c *controller) tryWrite(w *worker, r Request, n *Namespace, b nvme.BlockIO
 		return result{wait: true}
 	}
 	data := ic.InCapsuleData()
-	if data == nil || len(data) > inlineMaxTransfer {
+	if len(data) != int(b.Blocks())*BlockSize || len(data) > inlineMaxTransfer {
 		return result{wait: true}
 	}
 	switch ok, err := c.startChange(w, n, b.SLBA, b.SLBA+b.Blocks(), false); {
