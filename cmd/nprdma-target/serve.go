@@ -200,11 +200,11 @@ func serve(cc *cli.Context) error {
 		devSizes = append(devSizes, o.dev.Size())
 		fixed = append(fixed, o.spec.budget)
 	}
-	budgets, err := splitBudget(max(memory-managed, 0), devSizes, fixed)
+	budgets, err := target.SplitBudget(max(memory-managed, 0), devSizes, fixed)
 	if err != nil {
 		tg.Close()
 		closeAll()
-		return err
+		return fmt.Errorf("--memory: %w", err)
 	}
 	var summary []string
 	handed := 0
@@ -355,37 +355,6 @@ func subsystemsFromFlags(cc *cli.Context) ([]subsystemSpec, error) {
 	}
 	return []subsystemSpec{{NQN: cc.String("nqn"), AllowHosts: cc.StringSlice("allow-host"),
 		AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: nss}}, nil
-}
-
-// splitBudget gives each namespace without a budget of its own a share of
-// memory (what the explicit budgets leave) in proportion to its size, at
-// most its size. The
-// pinned baseline (--pin) ignores the shares: it pins the whole of memory
-// and places namespaces in it while they fit.
-func splitBudget(memory int64, nsSizes, fixed []int64) ([]int64, error) {
-	out := make([]int64, len(nsSizes))
-	var fixedSum, freeSizes int64
-	for i, s := range nsSizes {
-		if fixed[i] > 0 {
-			out[i] = fixed[i]
-			fixedSum += fixed[i]
-		} else {
-			freeSizes += s
-		}
-	}
-	if fixedSum > memory {
-		return nil, fmt.Errorf("namespace budgets add up to %s, more than --memory %s", sizes.Format(fixedSum), sizes.Format(memory))
-	}
-	left := memory - fixedSum
-	for i, s := range nsSizes {
-		if out[i] == 0 && freeSizes > 0 {
-			// No more than the namespace itself: what it cannot use stays
-			// free for namespaces created through the management API.
-			share := min(int64(float64(left)*float64(s)/float64(freeSizes)), s)
-			out[i] = max(share/4096*4096, 16*4096)
-		}
-	}
-	return out, nil
 }
 
 func newLogger(level string) (*slog.Logger, error) {
