@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/nprdma/nprdma/internal/sizes"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -18,13 +15,10 @@ import (
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/internal/banner"
-	"github.com/nprdma/nprdma/nprdma"
-	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/internal/command"
 	"github.com/nprdma/nprdma/nprdma/shm"
-	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/urfave/cli/v2"
 )
 
@@ -57,11 +51,11 @@ func serve(cc *cli.Context) error {
 	case n > 0:
 		runtime.GOMAXPROCS(n)
 	}
-	log, err := newLogger(cc.String("log-level"))
+	log, err := command.Logger(cc)
 	if err != nil {
 		return err
 	}
-	prov, err := newProvider(cc.String("provider"))
+	prov, err := command.Providers{command.ProviderTCP, command.ProviderLoop}.New(cc.String("provider"))
 	if err != nil {
 		return err
 	}
@@ -69,9 +63,9 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	memory, err := sizes.Parse(cc.String("memory"))
+	memory, err := command.SizeFlag(cc, "memory")
 	if err != nil {
-		return fmt.Errorf("--memory: %w", err)
+		return err
 	}
 	if memory < minMemory {
 		return fmt.Errorf("--memory %s: at least %s (the DRAM all namespaces may use together)", cc.String("memory"), sizes.Format(minMemory))
@@ -92,9 +86,9 @@ func serve(cc *cli.Context) error {
 	}
 	if len(subs) == 0 && !cc.Bool("no-default-namespace") {
 		// The embedded default: a sparse file under the data directory.
-		size, err := sizes.Parse(cc.String("default-size"))
+		size, err := command.SizeFlag(cc, "default-size")
 		if err != nil {
-			return fmt.Errorf("--default-size: %w", err)
+			return err
 		}
 		path := filepath.Join(dataDir, "default.img")
 		st, err := os.Stat(path)
@@ -146,8 +140,7 @@ func serve(cc *cli.Context) error {
 		target.WithMetadataProbeInterval(cc.Duration("metadata-probe-interval")))
 	var reg *prometheus.Registry
 	if cc.String("metrics-addr") != "" {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg = command.NewRegistry()
 		opts = append(opts, target.WithMetrics(reg))
 	}
 
@@ -265,17 +258,14 @@ func serve(cc *cli.Context) error {
 		tg.Close()
 		return err
 	}
-	var metricsSrv *http.Server
+	var metrics *command.Endpoint
 	if reg != nil {
-		ln, err := net.Listen("tcp", cc.String("metrics-addr"))
+		metrics, err = command.ServeMetrics(cc.String("metrics-addr"), metricsHandler(reg, tg))
 		if err != nil {
 			tg.Close()
-			return fmt.Errorf("--metrics-addr: %w", err)
+			return err
 		}
-		metricsSrv = &http.Server{Handler: metricsHandler(reg, tg), ReadHeaderTimeout: 10 * time.Second}
-		go metricsSrv.Serve(ln)
-		log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics",
-			"health", "http://"+ln.Addr().String()+"/healthz", "ready", "http://"+ln.Addr().String()+"/readyz")
+		log.Info("metrics", "url", metrics.URL("/metrics"), "health", metrics.URL("/healthz"), "ready", metrics.URL("/readyz"))
 	}
 	mode := "unpinned (NP-RDMA)"
 	if cc.Bool("pin") {
@@ -316,8 +306,8 @@ func serve(cc *cli.Context) error {
 	// from the bound.
 	stopManage()
 	err = tg.Shutdown(sctx)
-	if metricsSrv != nil {
-		metricsSrv.Close()
+	if metrics != nil {
+		metrics.Close()
 	}
 	if err != nil {
 		// Steps still running (a device or the metadata store that does
@@ -357,14 +347,6 @@ func subsystemsFromFlags(cc *cli.Context) ([]subsystemSpec, error) {
 		AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: nss}}, nil
 }
 
-func newLogger(level string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
-}
-
 // providerSummary names the provider for the banner, with the listeners
 // that take other providers (shm, for initiators on this host).
 func providerSummary(name string, addrs []string) string {
@@ -383,14 +365,4 @@ func providerSummary(name string, addrs []string) string {
 		return name
 	}
 	return name + " (" + strings.Join(others, ", ") + ")"
-}
-
-func newProvider(name string) (nprdma.Provider, error) {
-	switch name {
-	case "tcp":
-		return tcp.New(), nil
-	case "loop":
-		return loop.New(), nil
-	}
-	return nil, fmt.Errorf("--provider %q: want tcp or loop", name)
 }

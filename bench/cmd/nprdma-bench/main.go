@@ -24,14 +24,12 @@ import (
 
 	"github.com/nprdma/nprdma/bench"
 	"github.com/nprdma/nprdma/bench/swapbench"
+	"github.com/nprdma/nprdma/internal/command"
 )
 
 func main() {
 	swapbench.RunRSSChildIfAsked()
-	if err := newApp().Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "nprdma-bench:", err)
-		os.Exit(1)
-	}
+	command.Main(newApp(), os.Args)
 }
 
 func newApp() *cli.App {
