@@ -137,8 +137,7 @@ func (s session) Close() error {
 // (attach.Attachment does the life cycle; this is the wiring).
 func serveAttachment(cc *cli.Context, req attachRequest) error {
 	markReadyFDCloseOnExec()
-	stderr := cc.App.ErrWriter
-	say := func(msg string) { fmt.Fprintln(stderr, "nprdma-initiator: "+msg) }
+	say := sayer(cc)
 	log, err := command.Logger(cc)
 	if err != nil {
 		return err

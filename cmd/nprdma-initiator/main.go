@@ -40,6 +40,11 @@ func newApp() *cli.App {
 	}
 }
 
+// sayer tells the user msg on stderr, as "nprdma-initiator: msg".
+func sayer(cc *cli.Context) func(msg string) {
+	return func(msg string) { fmt.Fprintln(cc.App.ErrWriter, "nprdma-initiator: "+msg) }
+}
+
 // hostOptions are the initiator options the global flags select, logging
 // to log.
 func hostOptions(cc *cli.Context, log *slog.Logger) []initiator.Option {
