@@ -12,6 +12,7 @@ import (
 	"github.com/nprdma/nprdma/initiator"
 	"github.com/nprdma/nprdma/initiator/attach"
 	"github.com/nprdma/nprdma/internal/command"
+	"github.com/nprdma/nprdma/internal/providers"
 	"github.com/nprdma/nprdma/nvme"
 	nvmetcp "github.com/nprdma/nprdma/nvme/tcp"
 	"github.com/urfave/cli/v2"
@@ -107,7 +108,7 @@ func discover(cc *cli.Context) error {
 	}
 	provider := ""
 	if tr.String() == "nprdma" {
-		provider = command.ProviderFor(cc.String("provider"), addr)
+		provider = providers.For(cc.String("provider"), addr)
 	}
 	host, err := initiator.HostNQN(opts...)
 	if err != nil {

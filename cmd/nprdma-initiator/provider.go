@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/initiator"
-	"github.com/nprdma/nprdma/internal/command"
+	"github.com/nprdma/nprdma/internal/providers"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
@@ -17,24 +17,24 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
-// providers are the names --provider takes: the provider a command reaches
-// the target with over the nprdma fabric (--transport nprdma). auto is shm
-// for an address "unix:PATH" and tcp for the rest (command.ProviderFor).
+// providerNames are the names --provider takes: the provider a command
+// reaches the target with over the nprdma fabric (--transport nprdma). auto
+// is shm for an address "unix:PATH" and tcp for the rest (providers.For).
 // attach goes further with auto: for a target on this host that advertises
 // a shared-memory listener for the subsystem in its discovery log, it
 // attaches over shm (see chooseTransport). NVMe/TCP (--transport tcp) has
 // no provider.
-var providers = command.Providers{command.ProviderAuto, command.ProviderTCP, command.ProviderSHM, command.ProviderLoop}
+var providerNames = providers.Names{providers.Auto, providers.TCP, providers.SHM, providers.Loop}
 
 func providerFlag() cli.Flag {
-	return &cli.StringFlag{Name: "provider", Value: command.ProviderAuto, Usage: "nprdma provider, only with --transport nprdma: auto (attach: shm when the target is on this host and offers it, else tcp; " +
+	return &cli.StringFlag{Name: "provider", Value: providers.Auto, Usage: "nprdma provider, only with --transport nprdma: auto (attach: shm when the target is on this host and offers it, else tcp; " +
 		"other commands: shm for unix:PATH addresses, else tcp), tcp (software RDMA over TCP), shm (shared memory, same host) or loop (in-process; for tests only)"}
 }
 
 // newDevice opens the initiator's device on the provider --provider names
 // for addr.
 func newDevice(cc *cli.Context, addr string) (*nprdma.Device, error) {
-	p, err := providers.New(command.ProviderFor(cc.String("provider"), addr))
+	p, err := providerNames.New(providers.For(cc.String("provider"), addr))
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +71,7 @@ func overFabric(dev *nprdma.Device, addr, reason string) transportChoice {
 // attached over shm; anything else over tcp, with the reason.
 func chooseTransport(ctx context.Context, cc *cli.Context, addr, nqn string, opts []initiator.Option) (transportChoice, error) {
 	name := cc.String("provider")
-	if cc.String("transport") != "nprdma" || strings.HasPrefix(addr, shm.Scheme) || (name != command.ProviderAuto && name != command.ProviderSHM) {
+	if cc.String("transport") != "nprdma" || strings.HasPrefix(addr, shm.Scheme) || (name != providers.Auto && name != providers.SHM) {
 		tr, release, err := newTransport(cc, addr)
 		return transportChoice{tr: tr, release: release, addr: addr}, err
 	}
@@ -80,7 +80,7 @@ func chooseTransport(ctx context.Context, cc *cli.Context, addr, nqn string, opt
 	}
 	shmAddr, why := sharedMemoryAddr(ctx, addr, nqn, opts)
 	if shmAddr == "" {
-		if name == command.ProviderSHM {
+		if name == providers.SHM {
 			return transportChoice{}, fmt.Errorf("--provider shm: %s", why)
 		}
 		return overFabric(openDevice(tcp.New()), addr, "provider tcp: "+why), nil

@@ -16,6 +16,7 @@ import (
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/internal/banner"
 	"github.com/nprdma/nprdma/internal/command"
+	"github.com/nprdma/nprdma/internal/providers"
 	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,7 +56,7 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	prov, err := command.Providers{command.ProviderTCP, command.ProviderLoop}.New(cc.String("provider"))
+	prov, err := providers.Names{providers.TCP, providers.Loop}.New(cc.String("provider"))
 	if err != nil {
 		return err
 	}

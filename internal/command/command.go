@@ -1,9 +1,9 @@
 // Package command holds what the project's commands (nprdma-target,
 // nprdma-initiator, nprdma-csi, nprdma-lab, nprdma-bench) do alike on their
 // command lines: running the app, the logger of --log-level, the Prometheus
-// endpoint of --metrics-addr, the nprdma provider of --provider, and size
-// flags. What a command decides about its domain lives in its package
-// (target, initiator, initiator/attach), not here.
+// endpoint of --metrics-addr, and size flags (internal/providers has the
+// nprdma provider of --provider). What a command decides about its domain
+// lives in its package (target, initiator, initiator/attach), not here.
 package command
 
 import (

@@ -112,48 +112,6 @@ func TestServeMetrics(t *testing.T) {
 	}
 }
 
-func TestProviders(t *testing.T) {
-	ps := command.Providers{command.ProviderAuto, command.ProviderTCP, command.ProviderSHM, command.ProviderLoop}
-	for _, name := range []string{"tcp", "shm", "loop"} {
-		p, err := ps.New(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.Name() != name {
-			t.Errorf("New(%q) is provider %q", name, p.Name())
-		}
-	}
-	for _, c := range []struct {
-		ps   command.Providers
-		name string
-		want string
-	}{
-		{ps, "rdma", `--provider "rdma": want auto, tcp, shm or loop`},
-		// auto is resolved by the command first, never a provider itself
-		{ps, "auto", `--provider "auto": want auto, tcp, shm or loop`},
-		// a provider the command does not offer
-		{command.Providers{"tcp", "loop"}, "shm", `--provider "shm": want tcp or loop`},
-	} {
-		if _, err := c.ps.New(c.name); err == nil || err.Error() != c.want {
-			t.Errorf("New(%q) of %v: %v, want %q", c.name, c.ps, err, c.want)
-		}
-	}
-}
-
-func TestProviderFor(t *testing.T) {
-	for _, c := range []struct{ name, addr, want string }{
-		{"auto", "unix:/run/nprdma/target.sock", "shm"},
-		{"auto", "127.0.0.1:4420", "tcp"},
-		{"auto", "[::1]:4420", "tcp"},
-		{"tcp", "unix:/run/x.sock", "tcp"},
-		{"loop", "name", "loop"},
-	} {
-		if got := command.ProviderFor(c.name, c.addr); got != c.want {
-			t.Errorf("ProviderFor(%q, %q) = %q, want %q", c.name, c.addr, got, c.want)
-		}
-	}
-}
-
 func TestSizeFlag(t *testing.T) {
 	var got int64
 	read := func(cc *cli.Context) (err error) {
