@@ -34,11 +34,11 @@ func providerFlag() cli.Flag {
 // newDevice opens the initiator's device on the provider --provider names
 // for addr.
 func newDevice(cc *cli.Context, addr string) (*nprdma.Device, error) {
-	p, err := providerNames.New(providers.For(cc.String("provider"), addr))
+	f, err := providerNames.Open(providers.For(cc.String("provider"), addr))
 	if err != nil {
 		return nil, err
 	}
-	return openDevice(p), nil
+	return openDevice(f.Provider), nil
 }
 
 // openDevice opens the initiator's device on p. Pinning the host's data

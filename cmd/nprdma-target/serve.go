@@ -59,7 +59,7 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	prov, err := providers.Names{providers.TCP, providers.Loop}.New(cc.String("provider"))
+	fabric, err := providers.Names{providers.TCP, providers.Loop}.Open(cc.String("provider"))
 	if err != nil {
 		return err
 	}
@@ -136,7 +136,7 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.StringSlice("listen")...),
+	opts := []target.Option{target.WithProvider(fabric.Provider), target.WithListen(cc.StringSlice("listen")...),
 		target.WithListenNVMeTCP(cc.String("listen-nvme-tcp")),
 		target.WithListenNVMeTCPDiscovery(cc.String("listen-nvme-tcp-discovery")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
@@ -293,7 +293,7 @@ func serve(cc *cli.Context) error {
 	if cc.Bool("pin") {
 		mode = "PINNED baseline (" + sizes.Format(memory) + " pinned at start)"
 	}
-	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), providerSummary(prov.Name(), tg.Addrs()), tg.Addr(), mode, tg.PreviousRun().String()))
+	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), providerSummary(fabric.Provider.Name(), tg.Addrs()), tg.Addr(), mode, tg.PreviousRun().String()))
 	if a := tg.NVMeTCPAddr(); a != "" {
 		fmt.Fprint(os.Stderr, banner.NVMeTCPLine(a, tg.NVMeTCPDiscoveryAddr()))
 	}

@@ -4,6 +4,7 @@ package providers
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/nprdma/nprdma/nprdma"
@@ -13,7 +14,7 @@ import (
 )
 
 // The names --provider takes. Auto is not a provider: a command resolves
-// it (For) before making one.
+// it (For) before opening one.
 const (
 	Auto = "auto"
 	TCP  = "tcp"  // software RDMA over TCP (nprdma/tcp)
@@ -25,22 +26,27 @@ const (
 // list them.
 type Names []string
 
-// New returns a new provider called name, which must be one of ns.
-func (ns Names) New(name string) (nprdma.Provider, error) {
-	for _, n := range ns {
-		if n != name {
-			continue
-		}
-		switch name {
-		case TCP:
-			return tcp.New(), nil
-		case SHM:
-			return shm.New(), nil
-		case Loop:
-			return loop.New(), nil
-		}
+// Fabric is what --provider chose: a software provider, on which the
+// command makes its own device.
+type Fabric struct {
+	Provider nprdma.Provider // tcp, shm, loop
+}
+
+// Open opens the provider called name, which must be one of ns: a new
+// software provider.
+func (ns Names) Open(name string) (Fabric, error) {
+	if !slices.Contains(ns, name) {
+		return Fabric{}, fmt.Errorf("--provider %q: want %s", name, ns)
 	}
-	return nil, fmt.Errorf("--provider %q: want %s", name, ns)
+	switch name {
+	case TCP:
+		return Fabric{Provider: tcp.New()}, nil
+	case SHM:
+		return Fabric{Provider: shm.New()}, nil
+	case Loop:
+		return Fabric{Provider: loop.New()}, nil
+	}
+	return Fabric{}, fmt.Errorf("--provider %q: resolve it first (For)", name)
 }
 
 // String lists ns as a sentence does: "tcp, shm or loop".

@@ -6,15 +6,15 @@ import (
 	"github.com/nprdma/nprdma/internal/providers"
 )
 
-func TestNew(t *testing.T) {
+func TestOpen(t *testing.T) {
 	ns := providers.Names{providers.Auto, providers.TCP, providers.SHM, providers.Loop}
 	for _, name := range []string{"tcp", "shm", "loop"} {
-		p, err := ns.New(name)
+		f, err := ns.Open(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.Name() != name {
-			t.Errorf("New(%q) is provider %q", name, p.Name())
+		if f.Provider == nil || f.Provider.Name() != name {
+			t.Errorf("Open(%q): %+v, want the software provider %s", name, f, name)
 		}
 	}
 	for _, c := range []struct {
@@ -23,13 +23,13 @@ func TestNew(t *testing.T) {
 		want string
 	}{
 		{ns, "rdma", `--provider "rdma": want auto, tcp, shm or loop`},
-		// auto is resolved by the command first, never a provider itself
-		{ns, "auto", `--provider "auto": want auto, tcp, shm or loop`},
 		// a provider the command does not offer
 		{providers.Names{"tcp", "loop"}, "shm", `--provider "shm": want tcp or loop`},
+		// auto is resolved by the command first, never a provider itself
+		{ns, "auto", `--provider "auto": resolve it first (For)`},
 	} {
-		if _, err := c.ns.New(c.name); err == nil || err.Error() != c.want {
-			t.Errorf("New(%q) of %v: %v, want %q", c.name, c.ns, err, c.want)
+		if _, err := c.ns.Open(c.name); err == nil || err.Error() != c.want {
+			t.Errorf("Open(%q) of %v: %v, want %q", c.name, c.ns, err, c.want)
 		}
 	}
 }
