@@ -52,9 +52,9 @@ func (d *Dir) Reap(rec Record, force bool) ([]string, error) {
 // attach process lives, and those whose process is gone but whose device
 // outlived it and waits for the next attach of the name (State
 // StateOrphaned; removing it would fail the filesystem on it). The records
-// of other gone processes are reaped (Reap) and dropped, saying so on say,
-// as are a record that cannot be read and a reap that fails; the list is
-// never nil.
+// of other gone processes are reaped (Reap), which say is told, as it is
+// told of records that cannot be read and of reaps that fail (their
+// records stay). The list is never nil.
 func (d *Dir) Attached(say func(string)) []Record {
 	recs, err := d.List()
 	if err != nil {

@@ -13,14 +13,14 @@ import (
 	"github.com/nprdma/nprdma/internal/command"
 )
 
-// run runs an app with flags whose action is action, and returns its
-// error and what it wrote to ErrWriter.
-func run(t *testing.T, flags []cli.Flag, action cli.ActionFunc, args ...string) (error, string) {
+// run runs an app with flags whose action is action, and returns what it
+// wrote to ErrWriter and its error.
+func run(t *testing.T, flags []cli.Flag, action cli.ActionFunc, args ...string) (string, error) {
 	t.Helper()
 	var errOut bytes.Buffer
 	app := &cli.App{Name: "test", Flags: flags, Action: action, Writer: io.Discard, ErrWriter: &errOut}
 	err := app.Run(append([]string{"test"}, args...))
-	return err, errOut.String()
+	return errOut.String(), err
 }
 
 func TestLogger(t *testing.T) {
@@ -43,7 +43,7 @@ func TestLogger(t *testing.T) {
 		{[]string{"--log-level", "info"}, []string{"at-info", "at-warn"}, []string{"at-debug"}},
 		{[]string{"--log-level", "debug"}, []string{"at-debug", "at-info", "at-warn"}, nil},
 	} {
-		err, out := run(t, flags, logAll, c.args...)
+		out, err := run(t, flags, logAll, c.args...)
 		if err != nil {
 			t.Fatalf("%q: %v", c.args, err)
 		}
@@ -58,7 +58,7 @@ func TestLogger(t *testing.T) {
 			}
 		}
 	}
-	if err, _ := run(t, flags, logAll, "--log-level", "loud"); err == nil || !strings.Contains(err.Error(), `--log-level "loud"`) {
+	if _, err := run(t, flags, logAll, "--log-level", "loud"); err == nil || !strings.Contains(err.Error(), `--log-level "loud"`) {
 		t.Fatalf("--log-level loud: %v, want an error naming the flag", err)
 	}
 }
@@ -128,11 +128,11 @@ func TestSizeFlag(t *testing.T) {
 		{[]string{"--size", "1GB"}, 1e9},
 		{[]string{"--size", "512"}, 512},
 	} {
-		if err, _ := run(t, flags, read, c.args...); err != nil || got != c.want {
+		if _, err := run(t, flags, read, c.args...); err != nil || got != c.want {
 			t.Errorf("%q: %d, %v; want %d", c.args, got, err, c.want)
 		}
 	}
-	err, _ := run(t, flags, read, "--size", "4 parsecs")
+	_, err := run(t, flags, read, "--size", "4 parsecs")
 	if err == nil || !strings.HasPrefix(err.Error(), `--size: size "4 parsecs"`) {
 		t.Fatalf("a bad size: %v, want an error naming the flag and the value", err)
 	}
