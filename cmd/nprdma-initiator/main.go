@@ -13,6 +13,7 @@ import (
 
 	"github.com/nprdma/nprdma/initiator"
 	"github.com/nprdma/nprdma/internal/command"
+	"github.com/nprdma/nprdma/internal/providers"
 	nvmetcp "github.com/nprdma/nprdma/nvme/tcp"
 	"github.com/urfave/cli/v2"
 )
@@ -30,6 +31,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "hostid-file", Usage: "file holding this host's ID, created on first use (default: $NPRDMA_STATE_DIR/hostid or ~/.config/nprdma/hostid)"},
 			&cli.StringFlag{Name: "transport", Value: "nprdma", Usage: "NVMe-oF transport: nprdma (the nprdma fabric, one-sided reads; an nprdma-target; its provider is --provider) or tcp (NVMe/TCP to any NVMe/TCP target, two-sided; a --target without a port means 4420, or 8009 for discover)"},
 			providerFlag(),
+			providers.RDMADeviceFlag(),
 			&cli.BoolFlag{Name: "hdr-digest", Usage: "with --transport tcp: ask the target for header digests (CRC32C of every PDU header)"},
 			&cli.BoolFlag{Name: "data-digest", Usage: "with --transport tcp: ask the target for data digests (CRC32C of every PDU's data)"},
 			command.LogLevelFlag("warn"),

@@ -24,19 +24,24 @@ import (
 // a shared-memory listener for the subsystem in its discovery log, it
 // attaches over shm (see chooseTransport). NVMe/TCP (--transport tcp) has
 // no provider.
-var providerNames = providers.Names{providers.Auto, providers.TCP, providers.SHM, providers.Loop}
+var providerNames = providers.Names{providers.Auto, providers.TCP, providers.SHM, providers.Verbs, providers.Loop}
 
 func providerFlag() cli.Flag {
 	return &cli.StringFlag{Name: "provider", Value: providers.Auto, Usage: "nprdma provider, only with --transport nprdma: auto (attach: shm when the target is on this host and offers it, else tcp; " +
-		"other commands: shm for unix:PATH addresses, else tcp), tcp (software RDMA over TCP), shm (shared memory, same host) or loop (in-process; for tests only)"}
+		"other commands: shm for unix:PATH addresses, else tcp), tcp (software RDMA over TCP), shm (shared memory, same host), verbs (an RDMA NIC through rdma-core: " +
+		"ConnectX, Soft-RoCE; the target by an IP address of the fabric, e.g. 192.168.1.5:4420; also reaches stock NVMe/RDMA targets such as Linux's nvmet-rdma) or loop (in-process; for tests only)"}
 }
 
-// newDevice opens the initiator's device on the provider --provider names
-// for addr.
+// newDevice opens the initiator's device: the RDMA NIC --rdma-device names
+// with --provider verbs, else a software NIC on the provider --provider
+// names for addr.
 func newDevice(cc *cli.Context, addr string) (*nprdma.Device, error) {
-	f, err := providerNames.Open(providers.For(cc.String("provider"), addr))
+	f, err := providerNames.Open(providers.For(cc.String("provider"), addr), cc.String("rdma-device"), nprdma.WithName("initiator"))
 	if err != nil {
 		return nil, err
+	}
+	if f.Device != nil {
+		return f.Device, nil
 	}
 	return openDevice(f.Provider), nil
 }

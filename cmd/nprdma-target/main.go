@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/nprdma/nprdma/internal/command"
+	"github.com/nprdma/nprdma/internal/providers"
 	"github.com/nprdma/nprdma/target"
 )
 
@@ -43,7 +44,7 @@ func newApp() *cli.App {
 			&cli.StringSliceFlag{Name: "backing", Usage: "a block device or file to serve, as PATH[,nsid=N][,budget=SIZE] (repeatable: one namespace each, in the subsystem --nqn; budget overrides this namespace's share of --memory)"},
 			&cli.StringFlag{Name: "config", Usage: "JSON file describing several subsystems and namespaces (see docs/target.md); used instead of --backing/--nqn/--allow-host"},
 			&cli.StringFlag{Name: "memory", Value: "1GiB", Usage: "DRAM budget for all namespaces together, at least 1MiB (units KiB, MiB, GiB, TiB); namespaces without their own budget share it in proportion to their sizes"},
-			&cli.StringSliceFlag{Name: "listen", Value: cli.NewStringSlice("127.0.0.1:4420"), Usage: "address to accept nprdma fabric connections on (tcp: host:port; loop: a name); unix:PATH also serves initiators on this host over shared memory on the unix socket PATH, which read the namespaces in place without this process's CPU (repeatable: e.g. --listen 127.0.0.1:4420 --listen unix:/run/nprdma/target.sock; `nprdma-initiator attach` finds the socket through discovery)"},
+			&cli.StringSliceFlag{Name: "listen", Value: cli.NewStringSlice("127.0.0.1:4420"), Usage: "address to accept nprdma fabric connections on (tcp: host:port; loop: a name; verbs: an address of the RDMA NIC's network interface and a port, e.g. 192.168.1.5:4420, where NVMe/RDMA hosts such as Linux's nvme-rdma connect too); unix:PATH also serves initiators on this host over shared memory on the unix socket PATH, which read the namespaces in place without this process's CPU (repeatable: e.g. --listen 127.0.0.1:4420 --listen unix:/run/nprdma/target.sock; `nprdma-initiator attach` finds the socket through discovery)"},
 			&cli.StringFlag{Name: "listen-nvme-tcp", Usage: "also serve the same subsystems to standard NVMe/TCP hosts (Linux nvme connect -t tcp) on `ADDR`, host:port, e.g. 127.0.0.1:4421 (4420 by convention when --listen is elsewhere); reads are two-sided, through the same DRAM cache; the port answers the discovery NQN too (empty: off)"},
 			&cli.StringFlag{Name: "listen-nvme-tcp-discovery", Usage: "serve an NVMe/TCP discovery controller, and nothing else, on `ADDR`, host:port (8009 by convention, where nvme discover looks); needs --listen-nvme-tcp, which its log points hosts at (empty: off)"},
 			&cli.StringFlag{Name: "nqn", Value: DefaultNQN, Usage: "NQN of the subsystem that holds the --backing namespaces"},
@@ -55,7 +56,10 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "default-size", Value: "4GiB", Usage: "size of the sparse backing file created under --data-dir when no backing is given"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9420; empty: off)"},
 			command.LogLevelFlag("info"),
-			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP) or loop (in-process; for tests only)"},
+			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP), verbs (an RDMA NIC through rdma-core: ConnectX, Soft-RoCE; NVMe/RDMA hosts such as Linux's nvme-rdma connect to it) or loop (in-process; for tests only)"},
+			providers.RDMADeviceFlag(),
+			&cli.StringFlag{Name: "frames", Value: "auto", Usage: "how hosts read namespaces one-sided: auto (through frames on an RDMA NIC, which cannot read the unpinned region; the region itself on the software providers), always (frames on any provider, to compare) or never (two-sided only on an RDMA NIC); docs/np-rdma.md §11"},
+			&cli.Float64Flag{Name: "frame-share", Value: target.DefaultFrameShare, Usage: "where frames are used: the share of each namespace's DRAM budget held as frames (registered pinned at start), the rest staying the budget of its region"},
 			&cli.BoolFlag{Name: "pin", Usage: "baseline for benchmarks only, a conventional RDMA target: at start, allocate the whole --memory and register it PINNED (mlock; seconds per GiB) before serving; a namespace that fits in it is held there wholly and read one-sided, a larger one is served two-sided only from its backing device (no region descriptor); exists for comparison, not for use"},
 			&cli.IntFlag{Name: "gomaxprocs", Value: defaultGOMAXPROCS, Usage: "Go scheduler threads (GOMAXPROCS): the target blocks in backing-device reads (major faults) from goroutines, and each blocked goroutine holds one until the runtime hands it off; 0 keeps the runtime's default"},
 			&cli.BoolFlag{Name: "io-uring", Usage: "read and write the backing devices through an io_uring while more than 8 operations are in flight (pread and pwrite otherwise, and where the kernel has no io_uring): goroutines waiting for the disk then hold no scheduler thread, an alternative to a large --gomaxprocs (docs/blockdev.md, \"Queue depth and io_uring\")"},

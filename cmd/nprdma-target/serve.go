@@ -59,7 +59,15 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	fabric, err := providers.Names{providers.TCP, providers.Loop}.Open(cc.String("provider"))
+	fabric, err := providers.Names{providers.TCP, providers.Verbs, providers.Loop}.Open(cc.String("provider"), cc.String("rdma-device"))
+	if err != nil {
+		return err
+	}
+	fabricOpt := target.WithProvider(fabric.Provider)
+	if fabric.Device != nil {
+		fabricOpt = target.WithDevice(fabric.Device)
+	}
+	frames, err := frameMode(cc.String("frames"))
 	if err != nil {
 		return err
 	}
@@ -136,7 +144,8 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	opts := []target.Option{target.WithProvider(fabric.Provider), target.WithListen(cc.StringSlice("listen")...),
+	opts := []target.Option{fabricOpt, target.WithListen(cc.StringSlice("listen")...),
+		target.WithFrames(frames), target.WithFrameShare(cc.Float64("frame-share")),
 		target.WithListenNVMeTCP(cc.String("listen-nvme-tcp")),
 		target.WithListenNVMeTCPDiscovery(cc.String("listen-nvme-tcp-discovery")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
@@ -290,10 +299,13 @@ func serve(cc *cli.Context) error {
 		log.Info("metrics", "url", metrics.URL("/metrics"), "health", metrics.URL("/healthz"), "ready", metrics.URL("/readyz"))
 	}
 	mode := "unpinned (NP-RDMA)"
+	if tg.UsesFrames() {
+		mode = fmt.Sprintf("frames (%.0f%% of each namespace's budget pinned at start)", 100*cc.Float64("frame-share"))
+	}
 	if cc.Bool("pin") {
 		mode = "PINNED baseline (" + sizes.Format(memory) + " pinned at start)"
 	}
-	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), providerSummary(fabric.Provider.Name(), tg.Addrs()), tg.Addr(), mode, tg.PreviousRun().String()))
+	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), providerSummary(cc.String("provider"), tg.Addrs()), tg.Addr(), mode, tg.PreviousRun().String()))
 	if a := tg.NVMeTCPAddr(); a != "" {
 		fmt.Fprint(os.Stderr, banner.NVMeTCPLine(a, tg.NVMeTCPDiscoveryAddr()))
 	}
@@ -456,4 +468,17 @@ func providerSummary(name string, addrs []string) string {
 		return name
 	}
 	return name + " (" + strings.Join(others, ", ") + ")"
+}
+
+// frameMode is the target.FrameMode --frames names.
+func frameMode(name string) (target.FrameMode, error) {
+	switch name {
+	case "auto":
+		return target.FramesAuto, nil
+	case "always":
+		return target.FramesAlways, nil
+	case "never":
+		return target.FramesNever, nil
+	}
+	return 0, fmt.Errorf("--frames %q: want auto, always or never", name)
 }

@@ -11,30 +11,41 @@ import (
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/nprdma/verbs"
+	"github.com/urfave/cli/v2"
 )
 
 // The names --provider takes. Auto is not a provider: a command resolves
 // it (For) before opening one.
 const (
-	Auto = "auto"
-	TCP  = "tcp"  // software RDMA over TCP (nprdma/tcp)
-	SHM  = "shm"  // shared memory on this host (nprdma/shm)
-	Loop = "loop" // in-process, for tests (nprdma/loop)
+	Auto  = "auto"
+	TCP   = "tcp"   // software RDMA over TCP (nprdma/tcp)
+	SHM   = "shm"   // shared memory on this host (nprdma/shm)
+	Verbs = "verbs" // an RDMA NIC through rdma-core (nprdma/verbs)
+	Loop  = "loop"  // in-process, for tests (nprdma/loop)
 )
+
+// RDMADeviceFlag is --rdma-device: which RDMA NIC --provider verbs opens.
+func RDMADeviceFlag() cli.Flag {
+	return &cli.StringFlag{Name: "rdma-device", Usage: "with --provider verbs: the RDMA device to use (ibv_devices lists them; default: the first)"}
+}
 
 // Names are the --provider names a command takes, in the order its errors
 // list them.
 type Names []string
 
 // Fabric is what --provider chose: a software provider, on which the
-// command makes its own device.
+// command makes its own device, or an RDMA NIC's device, open.
 type Fabric struct {
-	Provider nprdma.Provider // tcp, shm, loop
+	Provider nprdma.Provider // tcp, shm, loop; nil for verbs
+	Device   *nprdma.Device  // verbs; nil for the others
 }
 
-// Open opens the provider called name, which must be one of ns: a new
-// software provider.
-func (ns Names) Open(name string) (Fabric, error) {
+// Open opens the provider called name, which must be one of ns: for verbs
+// the RDMA NIC rdmaDevice names ("": the first) as a device with opts, for
+// the others a new software provider (opts are for the device the command
+// makes on it).
+func (ns Names) Open(name, rdmaDevice string, opts ...nprdma.DeviceOption) (Fabric, error) {
 	if !slices.Contains(ns, name) {
 		return Fabric{}, fmt.Errorf("--provider %q: want %s", name, ns)
 	}
@@ -45,6 +56,12 @@ func (ns Names) Open(name string) (Fabric, error) {
 		return Fabric{Provider: shm.New()}, nil
 	case Loop:
 		return Fabric{Provider: loop.New()}, nil
+	case Verbs:
+		dev, err := verbs.OpenDevice(rdmaDevice, opts...)
+		if err != nil {
+			return Fabric{}, fmt.Errorf("--provider verbs: %w", err)
+		}
+		return Fabric{Device: dev}, nil
 	}
 	return Fabric{}, fmt.Errorf("--provider %q: resolve it first (For)", name)
 }
