@@ -32,7 +32,7 @@ const (
 // verifyBit marks the READ that reads a completed WRITE back.
 const verifyBit = 1 << 32
 
-// largeSizes are the transfer lengths taken in turn: the 128 KiB of the
+// largeSizes are the transfer lengths, one after the other: the 128 KiB of the
 // throughput goal, odd lengths around it, one beyond maxExpected's share
 // of a slot, one under directRead; largeOffsets their offsets in a slot.
 var (
@@ -111,8 +111,8 @@ func TestLargeOpsBothWays(t *testing.T) {
 	}
 }
 
-// largeOp is transfer k of a side: its opcode (READ, WRITE and SEND in
-// turn), length and offset.
+// largeOp is transfer k of a side: its opcode (WRITE, READ, SEND, again
+// and again), length and offset.
 func largeOp(k int) (nprdma.Opcode, int, int) {
 	op := []nprdma.Opcode{nprdma.OpWrite, nprdma.OpRead, nprdma.OpSend}[k%3]
 	return op, largeSizes[k%len(largeSizes)], largeOffsets[k%len(largeOffsets)]

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -392,18 +393,26 @@ func (l *link) handBackLocked() {
 }
 
 // maxLingerBackoff bounds how far apart the linger checks get while
-// drivers keep taking turns: 32 × the linger.
+// drivers keep coming back: 32 × the linger.
 const maxLingerBackoff = 32
 
 // Linger checks. Each check is a timer firing: a goroutine, and often the
-// wake-up of an idle thread on the other vCPU. While drivers take turns —
-// a waiter receives, returns with its completion, posts and waits again —
-// a check every linger finds the receive side in use or just left, on the
-// order of once per 128 KiB operation at depth 8, each costing about one
-// more read, epoll wait and context switch. So a check that finds drivers
-// taking turns doubles the interval to the next (up to maxLingerBackoff ×
-// the linger); the first check after the receive side goes free is a
-// linger away, and a hand-back starts over.
+// wake-up of an idle thread on the other vCPU. While drivers keep coming
+// back — a waiter receives, returns with its completion, posts and waits
+// again — a check every linger finds the receive side in use or just
+// left, on the order of once per 128 KiB operation at depth 8, each
+// costing about one more read, epoll wait and context switch. So a check
+// that finds drivers coming back doubles the interval to the next (up to
+// maxLingerBackoff × the linger); the first check after the receive side
+// goes free is a linger away, and a hand-back starts over.
+
+// maxLingerCheck is the longest interval between checks for linger.
+func maxLingerCheck(linger time.Duration) time.Duration {
+	if linger > math.MaxInt64/(2*maxLingerBackoff) {
+		return linger // too long to back off without overflowing
+	}
+	return maxLingerBackoff * linger
+}
 
 func (l *link) armLingerLocked() {
 	r := &l.rcv
@@ -421,7 +430,7 @@ func (l *link) armLingerLocked() {
 
 // onLinger hands the receive side back to the reader goroutine once it has
 // been free for the linger time, and backs the checks off while drivers
-// take turns.
+// keep coming back.
 func (l *link) onLinger() {
 	r := &l.rcv
 	r.mu.Lock()
@@ -437,7 +446,7 @@ func (l *link) onLinger() {
 		l.handBackLocked()
 		return
 	}
-	r.check = min(2*max(r.check, linger), maxLingerBackoff*linger)
+	r.check = 2 * min(max(r.check, linger), maxLingerCheck(linger)/2)
 	if r.owner != rxNone {
 		return // a driver is receiving; it arms the timer again when it leaves
 	}
