@@ -55,7 +55,7 @@ type rxState struct {
 	err    error         // a driver's terminal error, for the reader goroutine to report
 	linger *time.Timer
 	armed  bool          // linger is scheduled
-	check  time.Duration // interval of the next linger check (backed off; ≤ the linger: the linger)
+	check  time.Duration // interval to the next linger check once backed off (0: the linger)
 	freeAt int64         // nanotime the receive side last became free
 	want   nprdma.DriveWaiter
 	wanted atomic.Bool   // a waiter (want) found the reader goroutine receiving
@@ -446,9 +446,13 @@ func (l *link) onLinger() {
 		l.handBackLocked()
 		return
 	}
+	if r.owner == rxReader {
+		r.check = 0 // taken back otherwise (a freeze, the link going down)
+		return
+	}
 	r.check = 2 * min(max(r.check, linger), maxLingerCheck(linger)/2)
-	if r.owner != rxNone {
-		return // a driver is receiving; it arms the timer again when it leaves
+	if r.owner == rxDriver {
+		return // it arms the timer again when it leaves
 	}
 	// Free, but a driver left less than the linger ago.
 	r.armed = true
