@@ -11,9 +11,13 @@ const (
 	maxAERs          = 4 // AERL+1
 )
 
-// admin executes an admin command of a connected controller.
-func (c *controller) admin(r Request) result {
+// admin executes an admin command of a connected controller; on the
+// receive loop (inline) only those that never wait (inlineAdmin).
+func (c *controller) admin(r Request, inline bool) result {
 	cmd := r.Command()
+	if inline && !inlineAdmin(cmd) {
+		return result{wait: true}
+	}
 	if cmd.IsFabrics() {
 		switch cmd.FabricsType() {
 		case nvme.FabricsPropertyGet:
@@ -407,6 +411,27 @@ func (c *controller) regionDescriptor(r Request) result {
 		// Invalid Field is what hosts take for "no one-sided reads here".
 		return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(),
 			"namespace %d is served two-sided only: it does not fit in the pinned memory of the baseline mode", n.nsid)}
+	}
+	if n.mirror != nil {
+		if cmd.RegionDescriptorFormat() < nvme.RegionDescriptorFormat2 {
+			return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(),
+				"namespace %d is read one-sided through frames (format 2) only", n.nsid)}
+		}
+		d := n.mirror.descriptor(n.Size())
+		b, err := d.Marshal()
+		if err != nil {
+			return result{err: nvme.Errorf(nvme.StatusInternalError, "region descriptor: %w", err)}
+		}
+		if err := r.SetData(b); err != nil {
+			return result{err: err}
+		}
+		// This host reads frames: its Reads fill them.
+		c.frameReader.Store(true)
+		return result{}
+	}
+	if !n.Pinned() && !c.t.dev.Caps().UnpinnedRegions {
+		return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(),
+			"namespace %d is served two-sided only on device %s", n.nsid, c.t.dev.Name())}
 	}
 	mr, err := c.regionMR(n)
 	if err != nil {

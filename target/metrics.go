@@ -15,9 +15,12 @@ type metrics struct {
 	latency     *prometheus.HistogramVec
 	controllers prometheus.Gauge
 	connections prometheus.Gauge
+	inline      *prometheus.CounterVec
+	handedOff   *prometheus.CounterVec
 	refused     prometheus.Counter
 	kaExpired   prometheus.Counter
 	replaced    prometheus.Counter
+	auths       *prometheus.CounterVec
 
 	// Fencing of failed queues (fence.go).
 	held         prometheus.Gauge
@@ -36,6 +39,14 @@ func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
 			Help:    "Time from a command's arrival to its completion being posted, by command.",
 			Buckets: prometheus.ExponentialBuckets(2e-6, 2, 22),
 		}, []string{"opcode"}),
+		inline: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nprdma_target_commands_inline_total",
+			Help: "Commands executed on their queue's receive loop, by command: they completed without waiting (a resident read, a cached write of in-capsule data into resident pages, admin commands that read or set controller state).",
+		}, []string{"opcode"}),
+		handedOff: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nprdma_target_commands_handed_off_total",
+			Help: "Commands executed by a worker goroutine of their queue, by command: they may wait (a fault, a flush, a write through, host data to fetch, a write held by a failed queue's change).",
+		}, []string{"opcode"}),
 		controllers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "nprdma_target_controllers", Help: "Controllers alive (I/O and discovery).",
 		}),
@@ -52,6 +63,10 @@ func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
 			Name: "nprdma_target_controllers_replaced_total",
 			Help: "Controllers torn down because their host connected a replacement naming them (their link failed silently).",
 		}),
+		auths: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nprdma_target_authentications_total",
+			Help: "DH-HMAC-CHAP transactions that ended, by result (success or failure).",
+		}, []string{"result"}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "nprdma_target_commands_held",
 			Help: "Commands waiting now for a command of their host's failed queue that still changes the same blocks.",
@@ -85,8 +100,9 @@ func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
 		}
 		return float64(t.meta.writeErrors.Load())
 	})
-	for _, c := range []prometheus.Collector{m.commands, m.latency, m.controllers, m.connections, m.refused, m.kaExpired,
-		m.replaced, m.held, m.heldTimeouts, m.fenceDropped, metaHealthy, metaErrors, nprdma.NewPrometheusCollector(t.dev, t.pool)} {
+	for _, c := range []prometheus.Collector{m.commands, m.latency, m.inline, m.handedOff, m.controllers, m.connections, m.refused, m.kaExpired,
+		m.replaced, m.auths, m.held, m.heldTimeouts, m.fenceDropped, metaHealthy, metaErrors, nprdma.NewPrometheusCollector(t.dev, t.pool),
+		newFrameCollector(t)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

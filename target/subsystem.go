@@ -45,6 +45,7 @@ type Subsystem struct {
 
 	mu       sync.Mutex
 	hosts    map[string]bool
+	keys     map[string]*hostKey // hosts with a key file of the management API (hostkeys.go)
 	allowAny bool
 	ns       map[uint32]*Namespace
 	stopped  bool // the target is stopping: no command acquires a namespace
@@ -71,7 +72,7 @@ func (t *Target) AddSubsystem(cfg SubsystemConfig) (*Subsystem, error) {
 			return nil, fmt.Errorf("target: subsystem %s: allowed host %q: %w", cfg.NQN, h, err)
 		}
 	}
-	s := &Subsystem{t: t, nqn: cfg.NQN, hosts: map[string]bool{}, allowAny: cfg.AllowAnyHost, ns: map[uint32]*Namespace{},
+	s := &Subsystem{t: t, nqn: cfg.NQN, hosts: map[string]bool{}, keys: map[string]*hostKey{}, allowAny: cfg.AllowAnyHost, ns: map[uint32]*Namespace{},
 		fences: map[string]*hostFence{}, managed: cfg.managed, configHosts: map[string]bool{}}
 	if !cfg.managed {
 		for _, h := range cfg.AllowHosts {
@@ -94,6 +95,7 @@ func (t *Target) AddSubsystem(cfg SubsystemConfig) (*Subsystem, error) {
 	for _, h := range rec.Hosts {
 		s.hosts[h] = true
 	}
+	s.restoreKeys(rec.HostKeys)
 	for _, h := range cfg.AllowHosts {
 		if !s.hosts[h] {
 			s.hosts[h] = true
@@ -160,30 +162,49 @@ func (s *Subsystem) Allows(host string) bool {
 // AllowHost adds host to the allow-list. With a data directory the new list
 // is recorded first: when that fails (the metadata store failed, an error
 // wrapping ErrMetadataStore) the host is not added.
-func (s *Subsystem) AllowHost(host string) error {
+func (s *Subsystem) AllowHost(host string) error { return s.allowHost(host, nil) }
+
+// allowHost adds host to the allow-list, with k its key file (nil: none).
+// A host allowed already keeps its key file unless k names another, which
+// replaces it; k naming the same file takes the secret just read.
+func (s *Subsystem) allowHost(host string, k *hostKey) error {
 	if err := nvme.ValidateNQN(host); err != nil {
 		return fmt.Errorf("target: subsystem %s: host %q: %w", s.nqn, host, err)
 	}
 	s.recordMu.Lock()
 	defer s.recordMu.Unlock()
 	s.mu.Lock()
-	listed := s.hosts[host]
+	listed, old, keys := s.hosts[host], s.keys[host], s.keyPathsLocked()
+	if listed && k != nil && old != nil && old.path == k.path {
+		s.keys[host] = k
+	}
 	s.mu.Unlock()
-	if listed {
+	if listed && (k == nil || (old != nil && old.path == k.path)) {
 		return nil
 	}
-	if err := s.record(append(s.Hosts(), host)); err != nil {
+	hosts := s.Hosts()
+	if !listed {
+		hosts = append(hosts, host)
+	}
+	if k != nil {
+		keys = withKey(keys, host, k)
+	}
+	if err := s.record(hosts, keys); err != nil {
 		return fmt.Errorf("target: subsystem %s: allowing host %s: %w", s.nqn, host, err)
 	}
 	s.mu.Lock()
 	s.hosts[host] = true
+	if k != nil {
+		s.keys[host] = k
+	}
 	s.mu.Unlock()
 	s.t.genCtr.Add(1)
 	return nil
 }
 
-// record writes the subsystem's record with hosts as its host list.
-func (s *Subsystem) record(hosts []string) error {
+// record writes the subsystem's record with hosts as its host list and keys
+// as their key files (host NQN to path).
+func (s *Subsystem) record(hosts []string, keys map[string]string) error {
 	if s.t.meta == nil {
 		return nil
 	}
@@ -195,7 +216,7 @@ func (s *Subsystem) record(hosts []string) error {
 		rec = subsystemRecord{NQN: s.nqn, Serial: s.serial, Created: time.Now().UTC(), Managed: s.managed}
 	}
 	sort.Strings(hosts)
-	rec.Hosts = hosts
+	rec.Hosts, rec.HostKeys = hosts, keys
 	rec.AllowAnyHost = s.AllowsAnyHost()
 	return s.t.meta.putSubsystem(rec)
 }
@@ -317,6 +338,7 @@ type Namespace struct {
 	dev     blockdev.Device
 	store   store
 	region  *swap.Region // nil in the pinned baseline
+	mirror  *frameMirror // the frames hosts read one-sided, where frames are used
 	pinned  *pinnedStore // baseline: held in the pinned memory
 	direct  bool         // baseline: too large for the pinned memory, two-sided only
 	nguid   [16]byte
@@ -443,8 +465,16 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 	if t.cfg.sharesMemory() {
 		opts = append(opts, swap.WithShareable())
 	}
-	if cfg.Budget > 0 {
-		opts = append(opts, swap.WithBudget(cfg.Budget))
+	budget, frameMem := cfg.Budget, int64(0)
+	if t.usesFrames() {
+		if budget <= 0 {
+			budget = size / 4 // swap's default
+		}
+		frameMem = int64(float64(budget) * t.cfg.frameShare)
+		budget = max(budget-frameMem, 64*BlockSize)
+	}
+	if budget > 0 {
+		opts = append(opts, swap.WithBudget(budget))
 	}
 	if t.cfg.reg != nil {
 		obs, err := swap.NewPrometheusObserver(t.cfg.reg, prometheus.Labels{"subsystem": s.nqn, "nsid": strconv.FormatUint(uint64(nsid), 10)})
@@ -466,6 +496,16 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		t.log.Warn("target: namespace region without userfaultfd", "subsystem", s.nqn, "nsid", nsid, "err", err)
 	}
 	n.region, n.store = region, region
+	if frameMem > 0 {
+		m, err := newFrameMirror(t.pd, frameMem, uint64(max(maxSize, size)/BlockSize))
+		if err != nil {
+			region.Close()
+			return fail(err)
+		}
+		n.mirror, n.store = m, &mirroredStore{store: region, m: m}
+		t.log.Info("target: frames registered", "subsystem", s.nqn, "nsid", nsid, "frames", m.frames,
+			"bytes", m.pinnedBytes(), "took", m.regTime, "namespace", size)
+	}
 	s.mu.Lock()
 	s.ns[nsid] = n
 	s.mu.Unlock()
@@ -560,6 +600,11 @@ func (n *Namespace) register(pd *nprdma.PD, tag uint64) (*nprdma.MR, error) {
 func (n *Namespace) close() error {
 	n.closeOnce.Do(func() {
 		err := n.store.Close()
+		if n.mirror != nil {
+			if merr := n.mirror.close(); err == nil {
+				err = merr
+			}
+		}
 		if cerr := n.dev.Close(); err == nil {
 			err = cerr
 		}

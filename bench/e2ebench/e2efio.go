@@ -652,12 +652,12 @@ func setupLoops(ctx context.Context, rig *e2eRig, iniBin, targetAddr string, mem
 		return fail(err)
 	}
 	rig.onClose(func() error { return ap.stop(syscall.SIGTERM, time.Minute) })
-	line, err := ap.waitLine(ctx, time.Minute, func(l string) bool { return strings.Contains(l, `"loop_device"`) })
+	line, err := ap.waitLine(ctx, time.Minute, func(l string) bool { return strings.Contains(l, `"device"`) })
 	if err != nil {
 		return fail(err)
 	}
 	var rec struct {
-		LoopDevice string `json:"loop_device"`
+		LoopDevice string `json:"device"`
 	}
 	if err := json.Unmarshal([]byte(line), &rec); err != nil || !strings.HasPrefix(rec.LoopDevice, "/dev/loop") {
 		return fail(fmt.Errorf("attach --mode fuse printed %q: %v", line, err))

@@ -12,16 +12,18 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/internal/banner"
-	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/nprdma/verbs"
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -61,7 +63,11 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	prov, err := newProvider(cc.String("provider"))
+	fabricOpt, err := newFabric(cc.String("provider"), cc.String("rdma-device"))
+	if err != nil {
+		return err
+	}
+	frames, err := frameMode(cc.String("frames"))
 	if err != nil {
 		return err
 	}
@@ -79,6 +85,9 @@ func serve(cc *cli.Context) error {
 	subs, err := subsystemsFromFlags(cc)
 	if err != nil {
 		return err
+	}
+	if cc.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (commands: gen-dhchap-key; flags start with --)", cc.Args().First())
 	}
 	if cc.Bool("allow-any-host") && len(cc.StringSlice("allow-host")) > 0 {
 		return fmt.Errorf("--allow-host and --allow-any-host exclude each other: with both, any host would get in")
@@ -109,9 +118,20 @@ func serve(cc *cli.Context) error {
 			log.Warn("the default backing file exists: serving it at its own size, --default-size ignored",
 				"path", path, "size", sizes.Format(st.Size()), "default-size", sizes.Format(size))
 		}
+		hostKeys, err := parseHostFiles(cc.StringSlice("dhchap-secret-file"), cc.StringSlice("dhchap-ctrl-secret-file"))
+		if err != nil {
+			return err
+		}
 		subs = []subsystemSpec{{NQN: cc.String("nqn"), AllowHosts: cc.StringSlice("allow-host"),
-			AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: []namespaceSpec{{NSID: 1, Backing: path}}}}
+			AllowAnyHost: cc.Bool("allow-any-host"), DHCHAP: hostKeys, Namespaces: []namespaceSpec{{NSID: 1, Backing: path}}}}
 	}
+	keys, err := keyringFor(subs, log)
+	if err != nil {
+		return err
+	}
+	// Caught from here on: SIGHUP's default would kill the target.
+	var served atomic.Pointer[target.Target]
+	defer reloadOnSIGHUP(keys, &served, log)()
 
 	openBacking := func(path string) (blockdev.Device, error) {
 		openOpts := []blockdev.Option{blockdev.WithLogger(log)}
@@ -124,7 +144,8 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.StringSlice("listen")...),
+	opts := []target.Option{fabricOpt, target.WithListen(cc.StringSlice("listen")...),
+		target.WithFrames(frames), target.WithFrameShare(cc.Float64("frame-share")),
 		target.WithListenNVMeTCP(cc.String("listen-nvme-tcp")),
 		target.WithListenNVMeTCPDiscovery(cc.String("listen-nvme-tcp-discovery")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
@@ -144,6 +165,9 @@ func serve(cc *cli.Context) error {
 	}
 	opts = append(opts, target.WithFenceTimeout(cc.Duration("fence-timeout")),
 		target.WithMetadataProbeInterval(cc.Duration("metadata-probe-interval")))
+	if keys != nil {
+		opts = append(opts, target.WithKeyring(keys))
+	}
 	var reg *prometheus.Registry
 	if cc.String("metrics-addr") != "" {
 		reg = prometheus.NewRegistry()
@@ -182,6 +206,7 @@ func serve(cc *cli.Context) error {
 		closeAll()
 		return err
 	}
+	served.Store(tg)
 	// The namespaces the management API created keep the budgets they were
 	// given; the configuration's share what they leave.
 	managed, err := tg.ManagedBudgets()
@@ -278,10 +303,13 @@ func serve(cc *cli.Context) error {
 			"health", "http://"+ln.Addr().String()+"/healthz", "ready", "http://"+ln.Addr().String()+"/readyz")
 	}
 	mode := "unpinned (NP-RDMA)"
+	if tg.UsesFrames() {
+		mode = fmt.Sprintf("frames (%.0f%% of each namespace's budget pinned at start)", 100*cc.Float64("frame-share"))
+	}
 	if cc.Bool("pin") {
 		mode = "PINNED baseline (" + sizes.Format(memory) + " pinned at start)"
 	}
-	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), providerSummary(prov.Name(), tg.Addrs()), tg.Addr(), mode, tg.PreviousRun().String()))
+	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), providerSummary(cc.String("provider"), tg.Addrs()), tg.Addr(), mode, tg.PreviousRun().String()))
 	if a := tg.NVMeTCPAddr(); a != "" {
 		fmt.Fprint(os.Stderr, banner.NVMeTCPLine(a, tg.NVMeTCPDiscoveryAddr()))
 	}
@@ -336,6 +364,9 @@ func subsystemsFromFlags(cc *cli.Context) ([]subsystemSpec, error) {
 		if len(cc.StringSlice("backing")) > 0 {
 			return nil, fmt.Errorf("--config and --backing exclude each other")
 		}
+		if len(cc.StringSlice("dhchap-secret-file")) > 0 || len(cc.StringSlice("dhchap-ctrl-secret-file")) > 0 {
+			return nil, fmt.Errorf("--config and --dhchap-secret-file exclude each other: name the key files in the config's dhchap entries")
+		}
 		c, err := loadConfig(path)
 		if err != nil {
 			return nil, err
@@ -353,8 +384,74 @@ func subsystemsFromFlags(cc *cli.Context) ([]subsystemSpec, error) {
 	if len(nss) == 0 {
 		return nil, nil
 	}
+	hostKeys, err := parseHostFiles(cc.StringSlice("dhchap-secret-file"), cc.StringSlice("dhchap-ctrl-secret-file"))
+	if err != nil {
+		return nil, err
+	}
 	return []subsystemSpec{{NQN: cc.String("nqn"), AllowHosts: cc.StringSlice("allow-host"),
-		AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: nss}}, nil
+		AllowAnyHost: cc.Bool("allow-any-host"), DHCHAP: hostKeys, Namespaces: nss}}, nil
+}
+
+// keyringFor reads the key files the subsystems name (nil: none names
+// any). A host with a secret that may not connect is only warned about.
+func keyringFor(subs []subsystemSpec, log *slog.Logger) (*fileKeyring, error) {
+	specs := map[string][]hostSecretSpec{}
+	for _, s := range subs {
+		for _, h := range s.DHCHAP {
+			if !s.AllowAnyHost && !slices.Contains(s.AllowHosts, h.Host) {
+				log.Warn("a host has a DH-HMAC-CHAP secret but is not allowed to connect", "host", h.Host, "subsystem", s.NQN)
+			}
+		}
+		if len(s.DHCHAP) > 0 {
+			specs[s.NQN] = s.DHCHAP
+		}
+	}
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	k, err := newFileKeyring(specs)
+	if err != nil {
+		return nil, fmt.Errorf("DH-HMAC-CHAP secrets: %w", err)
+	}
+	log.Info("DH-HMAC-CHAP: hosts with secrets must authenticate", "hosts", k.Hosts())
+	return k, nil
+}
+
+// reloadOnSIGHUP reads the key files again on every SIGHUP until the
+// returned stop is called: the configuration's (k; nil: there are none) and
+// those the management API named, once tg holds the target. A failed
+// reload keeps the secrets in force.
+func reloadOnSIGHUP(k *fileKeyring, tg *atomic.Pointer[target.Target], log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-hup:
+				if k != nil {
+					if err := k.Reload(); err != nil {
+						log.Error("SIGHUP: DH-HMAC-CHAP secrets not reloaded; the previous ones stay in force", "err", err)
+					} else {
+						log.Info("SIGHUP: DH-HMAC-CHAP secrets reloaded; new connections and re-authentications use them", "hosts", k.Hosts())
+					}
+				}
+				if t := tg.Load(); t != nil {
+					if n, err := t.ReloadHostKeys(); err != nil {
+						log.Error("SIGHUP: the management API's DH-HMAC-CHAP key files not reloaded; the previous ones stay in force", "err", err)
+					} else if n > 0 {
+						log.Info("SIGHUP: the management API's DH-HMAC-CHAP key files reloaded", "hosts", n)
+					}
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(hup)
+		close(done)
+	}
 }
 
 // splitBudget gives each namespace without a budget of its own a share of
@@ -416,12 +513,33 @@ func providerSummary(name string, addrs []string) string {
 	return name + " (" + strings.Join(others, ", ") + ")"
 }
 
-func newProvider(name string) (nprdma.Provider, error) {
+// frameMode is the target.FrameMode --frames names.
+func frameMode(name string) (target.FrameMode, error) {
+	switch name {
+	case "auto":
+		return target.FramesAuto, nil
+	case "always":
+		return target.FramesAlways, nil
+	case "never":
+		return target.FramesNever, nil
+	}
+	return 0, fmt.Errorf("--frames %q: want auto, always or never", name)
+}
+
+// newFabric is the target option --provider selects: a software NIC on
+// a provider, or an RDMA NIC (verbs).
+func newFabric(name, device string) (target.Option, error) {
 	switch name {
 	case "tcp":
-		return tcp.New(), nil
+		return target.WithProvider(tcp.New()), nil
 	case "loop":
-		return loop.New(), nil
+		return target.WithProvider(loop.New()), nil
+	case "verbs":
+		dev, err := verbs.OpenDevice(device)
+		if err != nil {
+			return nil, fmt.Errorf("--provider verbs: %w", err)
+		}
+		return target.WithDevice(dev), nil
 	}
-	return nil, fmt.Errorf("--provider %q: want tcp or loop", name)
+	return nil, fmt.Errorf("--provider %q: want tcp, verbs or loop", name)
 }

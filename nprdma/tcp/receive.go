@@ -13,15 +13,15 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/nprdma/nprdma/nprdma/link"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"golang.org/x/sys/unix"
 )
 
 // Receiving. Exactly one goroutine at a time reads frames from the
 // connection and delivers them to the queue pair: the link's reader
 // goroutine, or a driver — a goroutine waiting on a completion queue that
-// receives for itself (nprdma.Driver, "direct completion"). A driver blocks
+// receives for itself (link.Driver, "direct completion"). A driver blocks
 // in read() like a client of a raw socket does, so the packet that completes
 // its work request needs no hand-off from another goroutine; the reader
 // goroutine stays parked meanwhile. The reader goroutine gives the receive
@@ -57,12 +57,12 @@ type rxState struct {
 	armed  bool          // linger is scheduled
 	check  time.Duration // interval to the next linger check once backed off (0: the linger)
 	freeAt int64         // nanotime the receive side last became free
-	want   nprdma.DriveWaiter
+	want   link.DriveWaiter
 	wanted atomic.Bool   // a waiter (want) found the reader goroutine receiving
 	drives atomic.Uint64 // Drive calls that received (for tests)
 
 	// Frame state, used by whoever receives.
-	h           nprdma.Header
+	h           link.Header
 	lastPayload int
 	boundary    bool // between frames, waiting for the next header
 }
@@ -131,7 +131,7 @@ func (c *connReader) deadlinePassed(err error) error {
 		return errInterrupted
 	}
 	if c.finishing {
-		return fmt.Errorf("%w: the peer sent nothing for %v in the middle of a frame", nprdma.ErrPeerLost, c.stalled)
+		return fmt.Errorf("%w: the peer sent nothing for %v in the middle of a frame", link.ErrPeerLost, c.stalled)
 	}
 	// In the middle of a frame: finish it first, within the stalled frame
 	// timeout. The driver checks its context again at the next boundary
@@ -192,7 +192,7 @@ func (sp *spinRead) read(fd uintptr) bool {
 	}
 }
 
-func (l *link) readLoop() {
+func (l *tcpLink) readLoop() {
 	err := l.readFrames()
 	l.wmu.Lock()
 	l.dead = true
@@ -208,7 +208,7 @@ func (l *link) readLoop() {
 
 // readFrames receives as the reader goroutine until the link fails, parked
 // while drivers receive.
-func (l *link) readFrames() error {
+func (l *tcpLink) readFrames() error {
 	for {
 		err := l.receive(nil)
 		if err != errYield {
@@ -223,7 +223,7 @@ func (l *link) readFrames() error {
 // drive is what receive needs to know of a driver.
 type drive struct {
 	ctx context.Context
-	w   nprdma.DriveWaiter
+	w   link.DriveWaiter
 }
 
 // receive reads frames and delivers them, as the owner of the receive side.
@@ -231,7 +231,7 @@ type drive struct {
 // receive side up, or the error that ends the link. A driver returns nil
 // once its waiter is done, errInterrupted when its context ends, errFrozen,
 // or the error that ends the link. Both stop only between frames.
-func (l *link) receive(d *drive) error {
+func (l *tcpLink) receive(d *drive) error {
 	rd, r := l.rd, &l.rcv
 	pl := &l.wpayload
 	pl.rd = rd
@@ -285,7 +285,7 @@ func (l *link) receive(d *drive) error {
 		}
 		n := headerLen(rd.peek()[0])
 		if n == 0 {
-			return fmt.Errorf("tcp: %w: %w: unknown frame type %d", nprdma.ErrProtocol, errFrame, rd.peek()[0])
+			return fmt.Errorf("tcp: %w: %w: unknown frame type %d", link.ErrProtocol, errFrame, rd.peek()[0])
 		}
 		if rd.buffered() < n {
 			l.rx.Idle()
@@ -295,12 +295,12 @@ func (l *link) receive(d *drive) error {
 		}
 		h := &r.h
 		if _, err := parseHeader(rd.peek(), h); err != nil {
-			return fmt.Errorf("tcp: %w: %w", nprdma.ErrProtocol, err)
+			return fmt.Errorf("tcp: %w: %w", link.ErrProtocol, err)
 		}
 		rd.consume(n)
 		pl.remaining = h.PayloadLen()
 		r.lastPayload = pl.remaining
-		if h.Kind == nprdma.PacketSend && pl.remaining >= alignPayload {
+		if h.Kind == link.PacketSend && pl.remaining >= alignPayload {
 			l.exp.sendSrc = (rd.position() - uint64(len(pl.placed)) - l.origin) % alignTo
 		}
 		if pl.remaining > len(pl.placed)+rd.buffered() {
@@ -320,7 +320,7 @@ func (l *link) receive(d *drive) error {
 }
 
 // skipPad consumes the PAD frame at the reader's position.
-func (l *link) skipPad() error {
+func (l *tcpLink) skipPad() error {
 	rd := l.rd
 	if rd.buffered() < prefixLen {
 		l.rx.Idle()
@@ -330,7 +330,7 @@ func (l *link) skipPad() error {
 	}
 	k, err := parsePad(rd.peek())
 	if err != nil {
-		return fmt.Errorf("tcp: %w: %w", nprdma.ErrProtocol, err)
+		return fmt.Errorf("tcp: %w: %w", link.ErrProtocol, err)
 	}
 	rd.consume(prefixLen)
 	if k > rd.buffered() {
@@ -342,7 +342,7 @@ func (l *link) skipPad() error {
 // yield gives the receive side up (the reader goroutine is about to park)
 // and wakes the waiter that wanted it. Responses go out first; an
 // acknowledgement owed waits for the driver.
-func (l *link) yield() {
+func (l *tcpLink) yield() {
 	r := &l.rcv
 	r.mu.Lock()
 	w := r.want
@@ -360,7 +360,7 @@ func (l *link) yield() {
 // park waits, as the reader goroutine that gave the receive side up, until
 // it is handed back: the linger time passed without a driver, the link
 // broke, or a driver failed (its error is returned).
-func (l *link) park() error {
+func (l *tcpLink) park() error {
 	r := &l.rcv
 	select {
 	case <-r.wake:
@@ -383,7 +383,7 @@ func (l *link) park() error {
 
 // handBackLocked gives the free receive side back to the parked reader
 // goroutine.
-func (l *link) handBackLocked() {
+func (l *tcpLink) handBackLocked() {
 	r := &l.rcv
 	if r.owner != rxNone || !r.parked {
 		return
@@ -414,7 +414,7 @@ func maxLingerCheck(linger time.Duration) time.Duration {
 	return maxLingerBackoff * linger
 }
 
-func (l *link) armLingerLocked() {
+func (l *tcpLink) armLingerLocked() {
 	r := &l.rcv
 	if r.armed {
 		return
@@ -431,7 +431,7 @@ func (l *link) armLingerLocked() {
 // onLinger hands the receive side back to the reader goroutine once it has
 // been free for the linger time, and backs the checks off while drivers
 // keep coming back.
-func (l *link) onLinger() {
+func (l *tcpLink) onLinger() {
 	r := &l.rcv
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -465,13 +465,13 @@ func (l *link) onLinger() {
 
 // wakeReader hands a free receive side back to the reader goroutine now
 // (the link is closing: the peer's end of stream must be read).
-func (l *link) wakeReader() {
+func (l *tcpLink) wakeReader() {
 	l.rcv.mu.Lock()
 	l.handBackLocked()
 	l.rcv.mu.Unlock()
 }
 
-func (l *link) isDown() bool {
+func (l *tcpLink) isDown() bool {
 	select {
 	case <-l.abortCh:
 		return true
@@ -494,7 +494,7 @@ type interrupter struct {
 }
 
 // arm makes the end of ctx interrupt the driver that is about to receive.
-func (in *interrupter) arm(l *link, ctx context.Context) {
+func (in *interrupter) arm(l *tcpLink, ctx context.Context) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.ctx != ctx {
@@ -507,7 +507,7 @@ func (in *interrupter) arm(l *link, ctx context.Context) {
 	in.active = true
 }
 
-func (in *interrupter) fire(l *link, ctx context.Context) {
+func (in *interrupter) fire(l *tcpLink, ctx context.Context) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.active && in.ctx == ctx && !in.deadline {
@@ -518,7 +518,7 @@ func (in *interrupter) fire(l *link, ctx context.Context) {
 
 // disarm ends the watch of the driver that stopped receiving, clearing a
 // deadline it left.
-func (in *interrupter) disarm(l *link) {
+func (in *interrupter) disarm(l *tcpLink) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.active = false
@@ -542,8 +542,8 @@ func (in *interrupter) release() {
 	in.ctx, in.stop = nil, nil
 }
 
-// Drive implements nprdma.Driver.
-func (l *link) Drive(ctx context.Context, w nprdma.DriveWaiter) bool {
+// Drive implements link.Driver.
+func (l *tcpLink) Drive(ctx context.Context, w link.DriveWaiter) bool {
 	if l.prov.linger <= 0 {
 		return false
 	}
