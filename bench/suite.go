@@ -48,6 +48,19 @@ func (m Mode) Rounds() int {
 	return MinRounds
 }
 
+// WarmUp is the bench's one warm-up rule: every timed measurement first
+// runs its workload for WarmUp and discards what it measured then (fio's
+// ramp_time, the bench's own warm-up before timing), so that connections,
+// caches and CPU frequency have settled. A cache being filled to a steady
+// hit ratio is not a warm-up of this kind: the experiments that need one
+// say how long it runs.
+func WarmUp(m Mode) time.Duration { return ByMode(m, 250*time.Millisecond, 2*time.Second) }
+
+// WarmUpOps is the same rule for a measurement counted in operations: a
+// tenth of n (at least one, at most 500) run untimed before the n timed
+// ones.
+func WarmUpOps(n int) int { return min(n/10+1, 500) }
+
 // ByMode picks the quick (and smoke) or the full value of a parameter.
 func ByMode[T any](m Mode, quick, full T) T {
 	if m == ModeFull {

@@ -42,18 +42,19 @@ type Config struct {
 	KeepFile bool
 }
 
-// DefaultConfig returns the sizes for a mode: quick stays near a minute and
-// a half of measuring, full uses a 4 GiB file and longer runs.
+// DefaultConfig returns the sizes of one round for a mode (the suite runs
+// the rounds): quick measures about 15 s, full uses a 4 GiB file and longer
+// runs.
 func DefaultConfig(m bench.Mode) Config {
 	return Config{
-		FileSize:     bench.ByMode[int64](m, 1<<30, 4<<30),
-		Runtime:      bench.ByMode(m, 4*time.Second, 15*time.Second),
-		Warmup:       bench.ByMode(m, 500*time.Millisecond, 2*time.Second),
-		Rounds:       bench.ByMode(m, 2, 3),
+		FileSize:     bench.ByMode[int64](m, 512<<20, 4<<30),
+		Runtime:      bench.ByMode(m, time.Second, 10*time.Second),
+		Warmup:       bench.WarmUp(m),
+		Rounds:       1,
 		QD:           32,
 		SweepDepths:  []int{1, 2, 4, 8, 16, 32},
-		SweepRuntime: bench.ByMode(m, 1500*time.Millisecond, 5*time.Second),
-		SweepWarmup:  bench.ByMode(m, 300*time.Millisecond, time.Second),
+		SweepRuntime: bench.ByMode(m, 500*time.Millisecond, 5*time.Second),
+		SweepWarmup:  bench.WarmUp(m),
 	}
 }
 

@@ -56,13 +56,14 @@ type CapacityConfig struct {
 // a minute and a half on this machine.
 func DefaultCapacityConfig(m bench.Mode) CapacityConfig {
 	return CapacityConfig{
-		Budget:         bench.ByMode[int64](m, 128<<20, 1<<30),
-		Ratios:         []int{1, 2, 5, 8},
-		Warmup:         bench.ByMode(m, 2*time.Second, 5*time.Second),
-		MaxWarmup:      bench.ByMode(m, 6*time.Second, 60*time.Second),
+		Budget: bench.ByMode[int64](m, 128<<20, 1<<30),
+		// Quick measures the judged 5× next to its 1× baseline only.
+		Ratios:         bench.ByMode(m, []int{1, 5}, []int{1, 2, 5, 8}),
+		Warmup:         bench.ByMode(m, time.Second, 5*time.Second),
+		MaxWarmup:      bench.ByMode(m, 4*time.Second, 60*time.Second),
 		WarmupQD:       8,
-		Runtime:        bench.ByMode(m, 2500*time.Millisecond, 15*time.Second),
-		ColdReads:      bench.ByMode(m, 1000, 5000),
+		Runtime:        bench.ByMode(m, 1500*time.Millisecond, 15*time.Second),
+		ColdReads:      bench.ByMode(m, 500, 5000),
 		RepeatBaseline: m == bench.ModeFull,
 	}
 }

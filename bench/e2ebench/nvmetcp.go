@@ -43,9 +43,9 @@ type NVMeTCPConfig struct {
 func DefaultNVMeTCPConfig(m bench.Mode) NVMeTCPConfig {
 	return NVMeTCPConfig{
 		Size:    bench.ByMode[int64](m, 256<<20, 1<<30),
-		Runtime: bench.ByMode(m, 1500*time.Millisecond, 10*time.Second),
-		Ramp:    bench.ByMode(m, 300*time.Millisecond, 2*time.Second),
-		Rounds:  5,
+		Runtime: bench.ByMode(m, time.Second, 10*time.Second),
+		Ramp:    bench.WarmUp(m),
+		Rounds:  1,
 		QD:      32,
 	}
 }
@@ -200,7 +200,7 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	iops := func(r *e2eResult) []float64 { return r.iops }
 	add := func(name, ours, base string, pick func(*e2eResult) []float64, unit string, g *bench.Goal) {
 		o, b := pick(byKey[ours]), pick(byKey[base])
-		f := bench.NewFigure(name, median(o), unit, byKey[base].def.label, median(b)).
+		f := bench.NewFigure(name, bench.Median(o), unit, byKey[base].def.label, bench.Median(b)).
 			WithNotes(fmt.Sprintf("per round: ours %s; baseline %s", bench.RoundList(o), bench.RoundList(b)))
 		if g != nil {
 			f = f.WithGoal(*g)
@@ -231,7 +231,7 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	bars := func(file, title, ylabel, qdKey string, pick func(*e2eResult) []float64) {
 		var pts []bench.Point
 		for i, k := range []string{"tcp", "nprdma", "2hop", "1hop"} {
-			pts = append(pts, bench.Point{X: float64(i), Y: median(pick(byKey[k+"-"+qdKey]))})
+			pts = append(pts, bench.Point{X: float64(i), Y: bench.Median(pick(byKey[k+"-"+qdKey]))})
 		}
 		name := "bars-" + strings.TrimSuffix(strings.TrimPrefix(file, "nvme-tcp-"), ".svg")
 		exp.AddSeries(bench.Series{Name: name, Label: "median of rounds", YUnit: ylabel, Points: pts})
@@ -253,15 +253,6 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 		exp.Note("Not pinned: every process could run on either CPU; the placement table shows where each ran.")
 	}
 	return exp, nil
-}
-
-// median is the median of the per-round values (the lower of an even
-// count).
-func median(xs []float64) float64 {
-	if i := bench.MedianIndex(xs); i >= 0 {
-		return xs[i]
-	}
-	return 0
 }
 
 // checkNBDPages reads 64 random pages of the namespace (size bytes) through

@@ -49,9 +49,9 @@ type SHMConfig struct {
 func DefaultSHMConfig(m bench.Mode) SHMConfig {
 	return SHMConfig{
 		ResidentSize: bench.ByMode[int64](m, 256<<20, 1<<30),
-		Runtime:      bench.ByMode(m, 1500*time.Millisecond, 10*time.Second),
-		Ramp:         bench.ByMode(m, 300*time.Millisecond, 2*time.Second),
-		Rounds:       5,
+		Runtime:      bench.ByMode(m, time.Second, 10*time.Second),
+		Ramp:         bench.WarmUp(m),
+		Rounds:       1,
 		QD:           32,
 		Samples:      bench.ByMode(m, 1000, 5000),
 	}
@@ -299,7 +299,7 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	ratioFig("resident QD"+qd+" IOPS, shm vs tcp (same target)", "shm-qd"+qd, "tcp-qd"+qd, iops, "IOPS", nil)
 	for _, q := range []string{"1", qd} {
 		s, t := cpuPerRead[byKey["shm-qd"+q]], cpuPerRead[byKey["tcp-qd"+q]]
-		exp.Add(bench.NewFigure("target CPU per resident read at QD"+q+", shm vs tcp", median(s), "µs", "the same over tcp", median(t)).
+		exp.Add(bench.NewFigure("target CPU per resident read at QD"+q+", shm vs tcp", bench.Median(s), "µs", "the same over tcp", bench.Median(t)).
 			WithNotes("goal ≈ 0 over shm (reads run in the initiator); per round: shm " + bench.RoundList(s) + "; tcp " + bench.RoundList(t)))
 	}
 	micro.figures(exp)
@@ -563,7 +563,7 @@ func (r *shmMicroResults) figures(exp *bench.Experiment) {
 		m+1, bench.RoundList(majorRatio), bench.RoundList(p["major"]), bench.RoundList(p["rtt"]), bench.RoundList(p["raw"]))))
 	for _, k := range shmMicroKinds {
 		if xs := p[k.key]; len(xs) > 0 {
-			exp.Add(bench.NewFigure(k.label+" p50", median(xs), "µs", "", 0).WithNotes("per round: " + bench.RoundList(xs)))
+			exp.Add(bench.NewFigure(k.label+" p50", bench.Median(xs), "µs", "", 0).WithNotes("per round: " + bench.RoundList(xs)))
 		}
 	}
 }

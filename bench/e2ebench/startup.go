@@ -51,7 +51,7 @@ func DefaultStartupConfig(m bench.Mode) StartupConfig {
 		NamespaceSize: 64 << 30,
 		SmallSize:     1 << 30,
 		Memory:        bench.ByMode[int64](m, 1<<30, 4<<30),
-		Rounds:        5,
+		Rounds:        1,
 		Poll:          time.Millisecond,
 	}
 }

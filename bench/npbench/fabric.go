@@ -17,7 +17,7 @@ import (
 // latencies times n calls of once after a warm-up.
 func latencies(n int, once func() (time.Duration, error)) ([]time.Duration, error) {
 	out := make([]time.Duration, 0, n)
-	for i := -warmup(n); i < n; i++ {
+	for i := -bench.WarmUpOps(n); i < n; i++ {
 		d, err := once()
 		if err != nil {
 			return nil, err
@@ -29,15 +29,13 @@ func latencies(n int, once func() (time.Duration, error)) ([]time.Duration, erro
 	return out, nil
 }
 
-func warmup(n int) int { return min(n/10+1, 500) }
-
 // pairedLatencies times n pairs of a and b, one of each in turn, the first
 // of a pair alternating, after a warm-up: both see the same machine at the
 // same moments, so a drift over the run (where the scheduler put the
 // threads, what else ran) cannot favour either.
 func pairedLatencies(n int, a, b func() (time.Duration, error)) (la, lb []time.Duration, err error) {
 	la, lb = make([]time.Duration, 0, n), make([]time.Duration, 0, n)
-	for i := -warmup(n); i < n; i++ {
+	for i := -bench.WarmUpOps(n); i < n; i++ {
 		first, second, fa := a, b, true
 		if i%2 != 0 {
 			first, second, fa = b, a, false
@@ -86,11 +84,11 @@ type FabricConfig struct {
 func DefaultFabricConfig(m bench.Mode) FabricConfig {
 	return FabricConfig{
 		Samples:          bench.ByMode(m, 3000, 20000),
-		Rounds:           bench.ByMode(m, 6, 8),
+		Rounds:           bench.ByMode(m, 2, 8),
 		Depths:           []int{1, 2, 4, 8, 16, 32},
 		Sizes:            []int{4 << 10, 128 << 10},
 		Run:              bench.ByMode(m, 100*time.Millisecond, 250*time.Millisecond),
-		ThroughputRounds: bench.ByMode(m, 10, 14),
+		ThroughputRounds: bench.ByMode(m, 4, 14),
 	}
 }
 

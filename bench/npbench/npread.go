@@ -40,7 +40,7 @@ func DefaultNPReadConfig(m bench.Mode) NPReadConfig {
 	return NPReadConfig{
 		Samples:       bench.ByMode(m, 1500, 6000),
 		NoFaultPairs:  4,
-		Rounds:        bench.ByMode(m, 3, 5),
+		Rounds:        1,
 		ResidentPages: bench.ByMode(m, 4096, 16384),
 	}
 }

@@ -21,7 +21,7 @@ type PoolConfig struct {
 
 // DefaultPoolConfig returns the sizes for a mode.
 func DefaultPoolConfig(m bench.Mode) PoolConfig {
-	return PoolConfig{Sizes: []int{4 << 10, 64 << 10}, Run: bench.ByMode(m, 300*time.Millisecond, 2*time.Second), Rounds: bench.ByMode(m, 2, 3)}
+	return PoolConfig{Sizes: []int{4 << 10, 64 << 10}, Run: bench.ByMode(m, 300*time.Millisecond, 2*time.Second), Rounds: 1}
 }
 
 // PoolGoal: reading into pooled buffers is at least as fast as registering

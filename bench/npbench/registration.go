@@ -32,8 +32,8 @@ func DefaultRegistrationConfig(m bench.Mode) RegistrationConfig {
 	return RegistrationConfig{
 		Unpinned:     []int64{64 * mib, 256 * mib, gib, 4 * gib, 16 * gib, 64 * gib, 256 * gib, 1024 * gib},
 		Pinned:       bench.ByMode(m, []int64{64 * mib, 256 * mib, gib}, []int64{64 * mib, 256 * mib, gib, 4 * gib}),
-		Rounds:       bench.ByMode(m, 5, 9),
-		PinnedRounds: bench.ByMode(m, 2, 3),
+		Rounds:       bench.ByMode(m, 1, 3),
+		PinnedRounds: 1,
 	}
 }
 

@@ -6,6 +6,8 @@
 package swapbench
 
 import (
+	"github.com/nprdma/nprdma/bench"
+
 	"context"
 	"errors"
 	"fmt"
@@ -144,9 +146,8 @@ var sinkValue atomic.Uint32
 func keep(b byte) { sinkValue.Add(uint32(b)) }
 
 func percentiles(d []time.Duration) (p50, p99 time.Duration) {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2], s[min(len(s)-1, len(s)*99/100)]
+	s := bench.Summarize(slices.Clone(d))
+	return s.P50, s.P99
 }
 
 // makeBacking writes random data to the first dataPages pages of a new file
