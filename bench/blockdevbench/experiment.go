@@ -47,12 +47,13 @@ type Config struct {
 // runs.
 func DefaultConfig(m bench.Mode) Config {
 	return Config{
-		FileSize:     bench.ByMode[int64](m, 512<<20, 4<<30),
-		Runtime:      bench.ByMode(m, time.Second, 10*time.Second),
-		Warmup:       bench.WarmUp(m),
-		Rounds:       1,
-		QD:           32,
-		SweepDepths:  []int{1, 2, 4, 8, 16, 32},
+		FileSize: bench.ByMode[int64](m, 512<<20, 4<<30),
+		Runtime:  bench.ByMode(m, time.Second, 10*time.Second),
+		Warmup:   bench.WarmUp(m),
+		Rounds:   1,
+		QD:       32,
+		// The sweep is reported, not judged: full mode only.
+		SweepDepths:  bench.ByMode(m, nil, []int{1, 2, 4, 8, 16, 32}),
 		SweepRuntime: bench.ByMode(m, 500*time.Millisecond, 5*time.Second),
 		SweepWarmup:  bench.WarmUp(m),
 	}

@@ -197,8 +197,8 @@ func runCapacityRatio(ctx context.Context, env *bench.Env, tgtBin string, cfg Ca
 	if err != nil {
 		return nil, err
 	}
-	defer tp.stop(syscall.SIGKILL, time.Second)
-	rss := bench.StartRSSSampler(tp.pid(), 20*time.Millisecond)
+	defer tp.Stop(syscall.SIGKILL, time.Second)
+	rss := bench.StartRSSSampler(tp.PID(), 20*time.Millisecond)
 	h, err := connectHost(ctx, tp.addr, dir)
 	if err != nil {
 		rss.Stop()
@@ -249,7 +249,7 @@ func runCapacityRatio(ctx context.Context, env *bench.Env, tgtBin string, cfg Ca
 		return nil, err
 	}
 
-	procs := map[string]int{"nprdma-target": tp.pid(), "nprdma-bench (in-process initiator)": os.Getpid()}
+	procs := map[string]int{"nprdma-target": tp.PID(), "nprdma-bench (in-process initiator)": os.Getpid()}
 	pinned := len(env.CPUs) > 0
 	for wi, w := range capacityWorkloads {
 		gen := func(r *rand.Rand) int64 { return r.Int64N(pages) }

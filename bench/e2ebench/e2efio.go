@@ -206,7 +206,7 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 	}
 
 	// Ours: a target per case, each with nprdma-initiator attach --mode nbd.
-	startOurs := func(name, backing string, memory int64) (*targetProc, *child, string, error) {
+	startOurs := func(name, backing string, memory int64) (*targetProc, *bench.Child, string, error) {
 		dir := filepath.Join(work, name)
 		tp, err := startTarget(ctx, targetConfig{bin: tgtBin, backing: backing, memory: memory, dataDir: filepath.Join(dir, "meta")}, time.Minute)
 		if err != nil {
@@ -216,12 +216,12 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		sock := filepath.Join(dir, "nbd.sock")
 		// Its own run directory (attachment records), through the
 		// environment so that versions without --run-dir work too.
-		ap, err := startChild("nprdma-initiator attach", []string{iniBin, "--hostid-file", filepath.Join(dir, "hostid"), "attach", "--mode", "nbd",
+		ap, err := bench.StartChild("nprdma-initiator attach", []string{iniBin, "--hostid-file", filepath.Join(dir, "hostid"), "attach", "--mode", "nbd",
 			"--target", tp.addr, "--nqn", benchNQN, "--socket", sock}, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
 		if err != nil {
 			return nil, nil, "", err
 		}
-		rig.onClose(func() error { return ap.stop(syscall.SIGTERM, 30*time.Second) })
+		rig.onClose(func() error { return ap.Stop(syscall.SIGTERM, 30*time.Second) })
 		if err := waitUnixSocket(ctx, ap, sock, 30*time.Second); err != nil {
 			return nil, nil, "", err
 		}
@@ -298,8 +298,8 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		rFUSE     = "nprdma-initiator attach (FUSE + loop)"
 		rNBDFuse  = "nbdfuse"
 	)
-	resProcs := map[string]int{rTarget + " (resident)": resTarget.pid(), rAttach + " (resident)": resAttach.pid()}
-	ssdProcs := map[string]int{rTarget + " (SSD)": ssdTarget.pid(), rAttach + " (SSD)": ssdAttach.pid()}
+	resProcs := map[string]int{rTarget + " (resident)": resTarget.PID(), rAttach + " (resident)": resAttach.PID()}
+	ssdProcs := map[string]int{rTarget + " (SSD)": ssdTarget.PID(), rAttach + " (SSD)": ssdAttach.PID()}
 	var cases []e2eCase
 	for _, q := range []int{1, cfg.QD} {
 		qs := strconv.Itoa(q)
@@ -331,7 +331,7 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 				qs := strconv.Itoa(q)
 				cases = append(cases,
 					e2eCase{key: "loop-ours-qd" + qs, label: "loop → nprdma-initiator attach (FUSE) → target", device: ours, rw: "randread", qd: q,
-						procs: map[string]int{rTarget + " (resident)": resTarget.pid(), rFUSE: oursPID}},
+						procs: map[string]int{rTarget + " (resident)": resTarget.PID(), rFUSE: oursPID}},
 					e2eCase{key: "loop-nbdfuse-qd" + qs, label: "loop → nbdfuse → nbdkit memory", device: peer, rw: "randread", qd: q,
 						procs: map[string]int{rNBDFuse: fusePID, rNBDKit: mem.PID}})
 			}
@@ -591,18 +591,18 @@ func measureCases(ctx context.Context, log *slog.Logger, name string, cases []e2
 }
 
 // waitUnixSocket waits until something accepts connections on path.
-func waitUnixSocket(ctx context.Context, c *child, path string, timeout time.Duration) error {
+func waitUnixSocket(ctx context.Context, c *bench.Child, path string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		if conn, err := net.Dial("unix", path); err == nil {
 			conn.Close()
 			return nil
 		}
-		if c.exited() {
-			return fmt.Errorf("%s exited before serving %s: %s", c.name, path, c.output(1200))
+		if c.Exited() {
+			return fmt.Errorf("%s exited before serving %s: %s", c.Name, path, c.Output(1200))
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: nothing accepts connections on %s after %v: %s", c.name, path, timeout, c.output(1200))
+			return fmt.Errorf("%s: nothing accepts connections on %s after %v: %s", c.Name, path, timeout, c.Output(1200))
 		}
 		select {
 		case <-ctx.Done():
@@ -647,14 +647,14 @@ func setupLoops(ctx context.Context, rig *e2eRig, iniBin, targetAddr string, mem
 	}
 
 	dir := filepath.Join(work, "loop")
-	ap, err := startChild("nprdma-initiator attach --mode fuse", []string{iniBin, "--hostid-file", filepath.Join(dir, "hostid"),
+	ap, err := bench.StartChild("nprdma-initiator attach --mode fuse", []string{iniBin, "--hostid-file", filepath.Join(dir, "hostid"),
 		"attach", "--mode", "fuse", "--name", "e2e-loop", "--json", "--target", targetAddr, "--nqn", benchNQN}, nil,
 		"NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
 	if err != nil {
 		return fail(err)
 	}
-	rig.onClose(func() error { return ap.stop(syscall.SIGTERM, time.Minute) })
-	line, err := ap.waitLine(ctx, time.Minute, func(l string) bool { return strings.Contains(l, `"loop_device"`) })
+	rig.onClose(func() error { return ap.Stop(syscall.SIGTERM, time.Minute) })
+	line, err := ap.WaitLine(ctx, time.Minute, func(l string) bool { return strings.Contains(l, `"loop_device"`) })
 	if err != nil {
 		return fail(err)
 	}
@@ -668,7 +668,7 @@ func setupLoops(ctx context.Context, rig *e2eRig, iniBin, targetAddr string, mem
 
 	mnt := mkdir(filepath.Join(work, "fuse-nbdfuse"))
 	pidFile := filepath.Join(work, "nbdfuse.pid")
-	nf, err := startChild("nbdfuse", []string{nbdfuse, "-P", pidFile, filepath.Join(mnt, "disk"), mem.URI}, nil)
+	nf, err := bench.StartChild("nbdfuse", []string{nbdfuse, "-P", pidFile, filepath.Join(mnt, "disk"), mem.URI}, nil)
 	if err != nil {
 		return fail(err)
 	}
@@ -676,8 +676,8 @@ func setupLoops(ctx context.Context, rig *e2eRig, iniBin, targetAddr string, mem
 		// nbdfuse exits by itself once its mount is gone; a signal is
 		// the fallback (its death by that signal is then no error).
 		out, uerr := exec.Command("umount", mnt).CombinedOutput()
-		if !nf.wait(10 * time.Second) {
-			nf.stop(syscall.SIGTERM, 10*time.Second)
+		if !nf.Wait(10 * time.Second) {
+			nf.Stop(syscall.SIGTERM, 10*time.Second)
 		}
 		if uerr != nil {
 			return fmt.Errorf("umount %s: %w: %s", mnt, uerr, strings.TrimSpace(string(out)))
@@ -688,8 +688,8 @@ func setupLoops(ctx context.Context, rig *e2eRig, iniBin, targetAddr string, mem
 		if b, err := os.ReadFile(pidFile); err == nil && len(strings.TrimSpace(string(b))) > 0 {
 			break
 		}
-		if nf.exited() || time.Now().After(deadline) {
-			return fail(fmt.Errorf("nbdfuse did not come up: %s", nf.output(600)))
+		if nf.Exited() || time.Now().After(deadline) {
+			return fail(fmt.Errorf("nbdfuse did not come up: %s", nf.Output(600)))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -713,7 +713,7 @@ func setupLoops(ctx context.Context, rig *e2eRig, iniBin, targetAddr string, mem
 			return fail(err)
 		}
 	}
-	return ours, ap.pid(), peer, nf.pid(), nil
+	return ours, ap.PID(), peer, nf.PID(), nil
 }
 
 func mkdir(p string) string {

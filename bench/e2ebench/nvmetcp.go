@@ -103,7 +103,7 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	if err != nil {
 		return nil, fmt.Errorf("nvme-tcp: warm the target: %w", err)
 	}
-	attach := func(name string, transport ...string) (*child, string, error) {
+	attach := func(name string, transport ...string) (*bench.Child, string, error) {
 		dir := filepath.Join(work, name)
 		sock := filepath.Join(dir, "nbd.sock")
 		addr := tp.addr
@@ -112,11 +112,11 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 		}
 		argv := append([]string{iniBin, "--hostid-file", filepath.Join(dir, "hostid")}, transport...)
 		argv = append(argv, "attach", "--mode", "nbd", "--target", addr, "--nqn", benchNQN, "--socket", sock)
-		ap, err := startChild("nprdma-initiator attach ("+name+")", argv, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
+		ap, err := bench.StartChild("nprdma-initiator attach ("+name+")", argv, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
 		if err != nil {
 			return nil, "", err
 		}
-		rig.onClose(func() error { return ap.stop(syscall.SIGTERM, 30*time.Second) })
+		rig.onClose(func() error { return ap.Stop(syscall.SIGTERM, 30*time.Second) })
 		if err := waitUnixSocket(ctx, ap, sock, 30*time.Second); err != nil {
 			return nil, "", err
 		}
@@ -157,9 +157,9 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 		qs := strconv.Itoa(q)
 		cases = append(cases,
 			e2eCase{key: "tcp-qd" + qs, label: "attach (NBD) → target over NVMe/TCP", uri: "nbd+unix:///?socket=" + tcpSock, rw: "randread", qd: q,
-				procs: map[string]int{rTarget: tp.pid(), rTCP: tcpAttach.pid()}},
+				procs: map[string]int{rTarget: tp.PID(), rTCP: tcpAttach.PID()}},
 			e2eCase{key: "nprdma-qd" + qs, label: "attach (NBD) → target over the nprdma fabric", uri: "nbd+unix:///?socket=" + npSock, rw: "randread", qd: q,
-				procs: map[string]int{rTarget: tp.pid(), rNP: npAttach.pid()}},
+				procs: map[string]int{rTarget: tp.PID(), rNP: npAttach.PID()}},
 			e2eCase{key: "2hop-qd" + qs, label: "nbdkit proxy → nbdkit memory", uri: proxy.URI, rw: "randread", qd: q,
 				procs: map[string]int{rProxy: proxy.PID, rNBDKit: mem.PID}},
 			e2eCase{key: "1hop-qd" + qs, label: "nbdkit memory (one hop)", uri: mem.URI, rw: "randread", qd: q, procs: map[string]int{rNBDKit: mem.PID}},

@@ -129,7 +129,7 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	}
 	rig.onClose(tp.shutdown)
 	// Two attachments: over shm (chosen by attach itself) and over tcp.
-	attachOver := func(name string, provider string) (*child, string, error) {
+	attachOver := func(name string, provider string) (*bench.Child, string, error) {
 		dir := filepath.Join(work, name)
 		sock := filepath.Join(dir, "nbd.sock")
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -137,11 +137,11 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 		}
 		argv := []string{iniBin, "--hostid-file", filepath.Join(dir, "hostid"), "--provider", provider, "attach", "--mode", "nbd",
 			"--target", tp.addr, "--nqn", benchNQN, "--socket", sock}
-		ap, err := startChild("nprdma-initiator attach ("+name+")", argv, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
+		ap, err := bench.StartChild("nprdma-initiator attach ("+name+")", argv, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
 		if err != nil {
 			return nil, "", err
 		}
-		rig.onClose(func() error { return ap.stop(syscall.SIGTERM, 30*time.Second) })
+		rig.onClose(func() error { return ap.Stop(syscall.SIGTERM, 30*time.Second) })
 		if err := waitUnixSocket(ctx, ap, sock, 30*time.Second); err != nil {
 			return nil, "", err
 		}
@@ -151,7 +151,7 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	if err != nil {
 		return nil, err
 	}
-	if _, err := shmAttach.waitLine(ctx, time.Second, func(l string) bool { return strings.Contains(l, "provider shm:") }); err != nil {
+	if _, err := shmAttach.WaitLine(ctx, time.Second, func(l string) bool { return strings.Contains(l, "provider shm:") }); err != nil {
 		return nil, fmt.Errorf("shm: attach did not choose shm: %w", err)
 	}
 	tcpAttach, tcpURI, err := attachOver("tcp", "tcp")
@@ -188,11 +188,11 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 		qs := strconv.Itoa(q)
 		cases = append(cases,
 			e2eCase{key: "shm-qd" + qs, label: "attach (NBD) → target over shm", uri: shmURI, rw: "randread", qd: q,
-				procs: map[string]int{"nprdma-target": tp.pid(), "nprdma-initiator attach (shm)": shmAttach.pid()}},
+				procs: map[string]int{"nprdma-target": tp.PID(), "nprdma-initiator attach (shm)": shmAttach.PID()}},
 			e2eCase{key: "1hop-qd" + qs, label: "nbdkit memory (one hop, TCP)", uri: mem.URI, rw: "randread", qd: q,
 				procs: map[string]int{"nbdkit (memory, TCP)": mem.PID}},
 			e2eCase{key: "tcp-qd" + qs, label: "attach (NBD) → target over tcp", uri: tcpURI, rw: "randread", qd: q,
-				procs: map[string]int{"nprdma-target": tp.pid(), "nprdma-initiator attach (tcp)": tcpAttach.pid()}},
+				procs: map[string]int{"nprdma-target": tp.PID(), "nprdma-initiator attach (tcp)": tcpAttach.PID()}},
 		)
 	}
 	results := make([]*e2eResult, len(cases))
@@ -209,14 +209,14 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 		for _, i := range bench.RoundOrder(len(cases), round) {
 			c := cases[i]
 			log.Info("shm: measuring", "case", c.key, "round", round+1, "of", cfg.Rounds)
-			cpu0, _ := processCPU(tp.pid())
+			cpu0, _ := processCPU(tp.PID())
 			var res bench.FioResult
 			err := pl.sampleDuring(c.procs, pinned, func() error {
 				var err error
 				res, err = fio.Run(ctx, c.args(cfg.Runtime, cfg.Ramp)...)
 				return err
 			})
-			cpu1, _ := processCPU(tp.pid())
+			cpu1, _ := processCPU(tp.PID())
 			if len(res.Raw) > 0 {
 				res.SaveRaw(filepath.Join(rawDir, fmt.Sprintf("fio-%s-r%d.json", c.key, round+1)))
 			}

@@ -1,6 +1,8 @@
 package e2ebench
 
 import (
+	"github.com/nprdma/nprdma/bench"
+
 	"context"
 	"fmt"
 	"io"
@@ -53,7 +55,7 @@ func (c targetConfig) argv() []string {
 
 // targetProc is a running nprdma-target.
 type targetProc struct {
-	*child
+	*bench.Child
 	addr    string // where hosts connect
 	tcpAddr string // the NVMe/TCP port's ("" when not served)
 	banner  string // the "serving ..." line
@@ -61,22 +63,22 @@ type targetProc struct {
 
 // startTarget starts the target and waits for its "connect with" line.
 func startTarget(ctx context.Context, c targetConfig, timeout time.Duration) (*targetProc, error) {
-	ch, err := startChild("nprdma-target", c.argv(), c.cpus)
+	ch, err := bench.StartChild("nprdma-target", c.argv(), c.cpus)
 	if err != nil {
 		return nil, err
 	}
-	p := &targetProc{child: ch}
-	l, err := ch.waitLine(ctx, timeout, func(l string) bool { _, ok := banner.Addr(l); return ok })
+	p := &targetProc{Child: ch}
+	l, err := ch.WaitLine(ctx, timeout, func(l string) bool { _, ok := banner.Addr(l); return ok })
 	if err != nil {
-		ch.stop(syscall.SIGKILL, time.Second)
+		ch.Stop(syscall.SIGKILL, time.Second)
 		return nil, err
 	}
 	p.addr, _ = banner.Addr(l)
-	p.banner, _ = ch.waitLine(ctx, time.Second, banner.IsServing)
+	p.banner, _ = ch.WaitLine(ctx, time.Second, banner.IsServing)
 	if c.listenNVMeTCP != "" {
-		l, err := ch.waitLine(ctx, timeout, func(l string) bool { _, ok := banner.NVMeTCPAddr(l); return ok })
+		l, err := ch.WaitLine(ctx, timeout, func(l string) bool { _, ok := banner.NVMeTCPAddr(l); return ok })
 		if err != nil {
-			ch.stop(syscall.SIGKILL, time.Second)
+			ch.Stop(syscall.SIGKILL, time.Second)
 			return nil, err
 		}
 		p.tcpAddr, _ = banner.NVMeTCPAddr(l)
@@ -85,7 +87,7 @@ func startTarget(ctx context.Context, c targetConfig, timeout time.Duration) (*t
 }
 
 // shutdown ends the target cleanly (SIGTERM: drain, flush, exit 0).
-func (p *targetProc) shutdown() error { return p.stop(syscall.SIGTERM, 2*time.Minute) }
+func (p *targetProc) shutdown() error { return p.Stop(syscall.SIGTERM, 2*time.Minute) }
 
 // host is an in-process initiator connected to a target.
 type host struct {
