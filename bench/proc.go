@@ -42,9 +42,8 @@ func ReadMemStatus(pid int) (MemStatus, error) {
 // kernel's own VmHWM is the better peak when the whole life of the process
 // is of interest; sampling bounds a phase of it.
 type RSSSampler struct {
-	pid  int
-	stop chan struct{}
-	done chan struct{}
+	pid   int
+	every *periodic
 
 	mu      sync.Mutex
 	peak    int64
@@ -58,22 +57,46 @@ func StartRSSSampler(pid int, interval time.Duration) *RSSSampler {
 	if interval <= 0 {
 		interval = 50 * time.Millisecond
 	}
-	s := &RSSSampler{pid: pid, stop: make(chan struct{}), done: make(chan struct{})}
-	s.sample()
+	s := &RSSSampler{pid: pid}
+	s.every = startPeriodic(interval, s.sample)
+	return s
+}
+
+// periodic calls a sampling function now, every interval, and once more
+// when stopped: the loop of the bench's process samplers.
+type periodic struct {
+	sample   func()
+	stopOnce sync.Once
+	quit     chan struct{}
+	done     chan struct{}
+}
+
+func startPeriodic(interval time.Duration, sample func()) *periodic {
+	p := &periodic{sample: sample, quit: make(chan struct{}), done: make(chan struct{})}
+	sample()
 	go func() {
-		defer close(s.done)
+		defer close(p.done)
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			select {
-			case <-s.stop:
+			case <-p.quit:
 				return
 			case <-t.C:
-				s.sample()
+				sample()
 			}
 		}
 	}()
-	return s
+	return p
+}
+
+// stop ends the loop and takes the final sample (on the first call only).
+func (p *periodic) stop() {
+	p.stopOnce.Do(func() {
+		close(p.quit)
+		<-p.done
+		p.sample()
+	})
 }
 
 func (s *RSSSampler) sample() {
@@ -101,13 +124,7 @@ type RSSReport struct {
 // Stop ends sampling, takes a final sample and reports. The error is the
 // first failed read (for example, the process exited), if no read succeeded.
 func (s *RSSSampler) Stop() (RSSReport, error) {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
-	<-s.done
-	s.sample()
+	s.every.stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := RSSReport{PeakRSS: s.peak, Last: s.last, Samples: s.samples}
