@@ -213,19 +213,11 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 			return nil, nil, "", err
 		}
 		rig.onClose(tp.shutdown)
-		sock := filepath.Join(dir, "nbd.sock")
-		// Its own run directory (attachment records), through the
-		// environment so that versions without --run-dir work too.
-		ap, err := bench.StartChild("nprdma-initiator attach", []string{iniBin, "--hostid-file", filepath.Join(dir, "hostid"), "attach", "--mode", "nbd",
-			"--target", tp.addr, "--nqn", benchNQN, "--socket", sock}, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
+		ap, sock, err := attachNBD(ctx, rig, iniBin, name, dir, tp.addr)
 		if err != nil {
 			return nil, nil, "", err
 		}
-		rig.onClose(func() error { return ap.Stop(syscall.SIGTERM, 30*time.Second) })
-		if err := waitUnixSocket(ctx, ap, sock, 30*time.Second); err != nil {
-			return nil, nil, "", err
-		}
-		return tp, ap, "nbd+unix:///?socket=" + sock, nil
+		return tp, ap, nbdUnixURI(sock), nil
 	}
 	resTarget, resAttach, resURI, err := startOurs("resident", resFile, cfg.ResidentSize+32<<20)
 	if err != nil {

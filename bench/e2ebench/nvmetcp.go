@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nprdma/nprdma/bench"
@@ -103,30 +102,11 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	if err != nil {
 		return nil, fmt.Errorf("nvme-tcp: warm the target: %w", err)
 	}
-	attach := func(name string, transport ...string) (*bench.Child, string, error) {
-		dir := filepath.Join(work, name)
-		sock := filepath.Join(dir, "nbd.sock")
-		addr := tp.addr
-		if len(transport) > 0 {
-			addr = tp.tcpAddr
-		}
-		argv := append([]string{iniBin, "--hostid-file", filepath.Join(dir, "hostid")}, transport...)
-		argv = append(argv, "attach", "--mode", "nbd", "--target", addr, "--nqn", benchNQN, "--socket", sock)
-		ap, err := bench.StartChild("nprdma-initiator attach ("+name+")", argv, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
-		if err != nil {
-			return nil, "", err
-		}
-		rig.onClose(func() error { return ap.Stop(syscall.SIGTERM, 30*time.Second) })
-		if err := waitUnixSocket(ctx, ap, sock, 30*time.Second); err != nil {
-			return nil, "", err
-		}
-		return ap, sock, nil
-	}
-	tcpAttach, tcpSock, err := attach("nvme-tcp", "--transport", "tcp")
+	tcpAttach, tcpSock, err := attachNBD(ctx, rig, iniBin, "nvme-tcp", filepath.Join(work, "nvme-tcp"), tp.tcpAddr, "--transport", "tcp")
 	if err != nil {
 		return nil, err
 	}
-	npAttach, npSock, err := attach("nprdma")
+	npAttach, npSock, err := attachNBD(ctx, rig, iniBin, "nprdma", filepath.Join(work, "nprdma"), tp.addr)
 	if err != nil {
 		return nil, err
 	}
@@ -156,9 +136,9 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	for _, q := range []int{1, cfg.QD} {
 		qs := strconv.Itoa(q)
 		cases = append(cases,
-			e2eCase{key: "tcp-qd" + qs, label: "attach (NBD) → target over NVMe/TCP", uri: "nbd+unix:///?socket=" + tcpSock, rw: "randread", qd: q,
+			e2eCase{key: "tcp-qd" + qs, label: "attach (NBD) → target over NVMe/TCP", uri: nbdUnixURI(tcpSock), rw: "randread", qd: q,
 				procs: map[string]int{rTarget: tp.PID(), rTCP: tcpAttach.PID()}},
-			e2eCase{key: "nprdma-qd" + qs, label: "attach (NBD) → target over the nprdma fabric", uri: "nbd+unix:///?socket=" + npSock, rw: "randread", qd: q,
+			e2eCase{key: "nprdma-qd" + qs, label: "attach (NBD) → target over the nprdma fabric", uri: nbdUnixURI(npSock), rw: "randread", qd: q,
 				procs: map[string]int{rTarget: tp.PID(), rNP: npAttach.PID()}},
 			e2eCase{key: "2hop-qd" + qs, label: "nbdkit proxy → nbdkit memory", uri: proxy.URI, rw: "randread", qd: q,
 				procs: map[string]int{rProxy: proxy.PID, rNBDKit: mem.PID}},

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nprdma/nprdma/bench"
@@ -130,22 +129,8 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	rig.onClose(tp.shutdown)
 	// Two attachments: over shm (chosen by attach itself) and over tcp.
 	attachOver := func(name string, provider string) (*bench.Child, string, error) {
-		dir := filepath.Join(work, name)
-		sock := filepath.Join(dir, "nbd.sock")
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, "", err
-		}
-		argv := []string{iniBin, "--hostid-file", filepath.Join(dir, "hostid"), "--provider", provider, "attach", "--mode", "nbd",
-			"--target", tp.addr, "--nqn", benchNQN, "--socket", sock}
-		ap, err := bench.StartChild("nprdma-initiator attach ("+name+")", argv, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
-		if err != nil {
-			return nil, "", err
-		}
-		rig.onClose(func() error { return ap.Stop(syscall.SIGTERM, 30*time.Second) })
-		if err := waitUnixSocket(ctx, ap, sock, 30*time.Second); err != nil {
-			return nil, "", err
-		}
-		return ap, "nbd+unix:///?socket=" + sock, nil
+		ap, sock, err := attachNBD(ctx, rig, iniBin, name, filepath.Join(work, name), tp.addr, "--provider", provider)
+		return ap, nbdUnixURI(sock), err
 	}
 	shmAttach, shmURI, err := attachOver("shm", "auto")
 	if err != nil {

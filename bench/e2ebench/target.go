@@ -2,6 +2,7 @@ package e2ebench
 
 import (
 	"github.com/nprdma/nprdma/bench"
+	"os"
 
 	"context"
 	"fmt"
@@ -122,3 +123,30 @@ func (h *host) close() {
 	h.c.Close()
 	h.dev.Close()
 }
+
+// attachNBD starts nprdma-initiator attach --mode nbd for the bench's
+// namespace at addr, serving NBD on a unix socket under dir, with flags
+// before the command (--transport, --provider). It has its own run
+// directory (attachment records), given through the environment so that
+// versions without --run-dir work too, and is stopped when rig closes.
+// It returns the process and its socket's path.
+func attachNBD(ctx context.Context, rig *e2eRig, iniBin, name, dir, addr string, flags ...string) (*bench.Child, string, error) {
+	sock := filepath.Join(dir, "nbd.sock")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, "", err
+	}
+	argv := append([]string{iniBin, "--hostid-file", filepath.Join(dir, "hostid")}, flags...)
+	argv = append(argv, "attach", "--mode", "nbd", "--target", addr, "--nqn", benchNQN, "--socket", sock)
+	ap, err := bench.StartChild("nprdma-initiator attach ("+name+")", argv, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
+	if err != nil {
+		return nil, "", err
+	}
+	rig.onClose(func() error { return ap.Stop(syscall.SIGTERM, 30*time.Second) })
+	if err := waitUnixSocket(ctx, ap, sock, 30*time.Second); err != nil {
+		return nil, "", err
+	}
+	return ap, sock, nil
+}
+
+// nbdUnixURI is the NBD URI of a server on the unix socket at path.
+func nbdUnixURI(path string) string { return "nbd+unix:///?socket=" + path }
