@@ -313,7 +313,7 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 		"then read with 4 KiB O_DIRECT reads at uniformly random page offsets (drawn with replacement, like fio's norandommap). "+
 		"Ours is blockdev.File.ReadAt called from 1 goroutine (QD1) and from %d goroutines (QD%d), the latter also with GOMAXPROCS raised to %d, and both again on the file opened WithIOUring; every read's first word is checked and 256 pages are verified in full before and after. "+
 		"The baseline is fio %s on the same file in the same run: psync with 1 job (QD1), libaio with iodepth=%d, and psync with %d jobs (the like-for-like comparison for %d blocking readers). "+
-		"Each measurement runs %v after a %v warm-up; ours and fio alternate, in reverse order every other round, over %d rounds, and each figure is the mean of the per-round values. "+
+		"Each measurement runs %v after a %v warm-up; ours and fio alternate (in reverse order every other round when a run has %d rounds). "+
 		"Latency is the time of one read: ours the wall time around ReadAt, fio its completion latency (clat). "+
 		"A sweep over queue depths (%v s each) gives IOPS against queue depth.",
 		bench.FormatBytes(cfg.FileSize), dir, fsName(dir), cfg.QD, cfg.QD, cfg.QD, orUnknown(rn.fioVer), cfg.QD, cfg.QD, cfg.QD,

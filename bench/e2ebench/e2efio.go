@@ -68,7 +68,7 @@ func DefaultE2EConfig(m bench.Mode) E2EConfig {
 		SSDWarmup:    bench.ByMode(m, 1500*time.Millisecond, 15*time.Second),
 		Runtime:      bench.ByMode(m, time.Second, 10*time.Second),
 		Ramp:         bench.WarmUp(m),
-		Rounds:       1,
+		Rounds:       m.Rounds(),
 		QD:           32,
 		// The mix, the loop devices and the pinned variants are reported,
 		// not judged: full mode only, to keep the quick suite short.
@@ -85,6 +85,8 @@ func E2ESpec(bins *Binaries) bench.Spec {
 		Title: "fio through attach (NBD socket, loop device) against nbdkit chains with the same number of hops",
 		Goals: []string{E2EGoalQD1.Text, E2EGoalQD.Text, E2EStretch1.Text, E2EStretchQ.Text,
 			"SSD case (namespace 4× --memory, nbdkit file plugin on the same file) and fio on our loop device against a loop device over nbdfuse → nbdkit: reported"},
+		// One set-up (files, target, attachments, peers) serves every round.
+		RoundsInside: true,
 		Run: func(ctx context.Context, env *bench.Env) (*bench.Experiment, error) {
 			return MeasureE2E(ctx, env, bins, DefaultE2EConfig(env.Mode))
 		},
@@ -345,7 +347,7 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 	exp = &bench.Experiment{Name: E2EName}
 	exp.Method = fmt.Sprintf("The same fio %s job (4 KiB, uniform offsets with replacement: norandommap) runs against each path, "+
 		"%v after a %v ramp, at QD1 and QD%d (one job; iodepth), over %d rounds in alternating order (reversed every other round); "+
-		"each figure is the mean of the per-round values, latency is fio's completion latency. "+
+		"a figure's ratio is the median of the per-round ratios, latency is fio's completion latency. "+
 		"Resident case (%s of per-page distinct data): ours is fio's nbd engine → nprdma-initiator attach --mode nbd (unix socket) → "+
 		"nprdma-target over nprdma/tcp on loopback, with --memory above the namespace and every page read once beforehand; the "+
 		"two-hop peer is fio's nbd engine → nbdkit's nbd plugin as a proxy (unix socket) → nbdkit's memory plugin over loopback TCP, "+
@@ -375,7 +377,7 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 			return bench.Figure{}, false
 		}
 		o, b := pick(ours), pick(base)
-		return bench.NewFigure(name, bench.MeanFloat(o), unit, base.def.label, bench.MeanFloat(b)).
+		return bench.RoundsFigure(name, unit, base.def.label, o, b).
 			WithNotes(fmt.Sprintf("per round: ours %s; baseline %s", bench.RoundList(o), bench.RoundList(b))), true
 	}
 	p50 := func(r *e2eResult) []float64 { return r.p50 }

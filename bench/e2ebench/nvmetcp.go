@@ -44,7 +44,7 @@ func DefaultNVMeTCPConfig(m bench.Mode) NVMeTCPConfig {
 		Size:    bench.ByMode[int64](m, 256<<20, 1<<30),
 		Runtime: bench.ByMode(m, time.Second, 10*time.Second),
 		Ramp:    bench.WarmUp(m),
-		Rounds:  1,
+		Rounds:  m.Rounds(),
 		QD:      32,
 	}
 }
@@ -56,6 +56,8 @@ func NVMeTCPSpec(bins *Binaries) bench.Spec {
 		Title: "fio through attach over NVMe/TCP against the nprdma fabric and nbdkit chains",
 		Goals: []string{NVMeTCPGoalQD1.Text, NVMeTCPGoalQD.Text,
 			"the same through attach over the nprdma fabric, and nbdkit's one-hop server: reported"},
+		// One set-up (files, target, attachments, peers) serves every round.
+		RoundsInside: true,
 		Run: func(ctx context.Context, env *bench.Env) (*bench.Experiment, error) {
 			return MeasureNVMeTCP(ctx, env, bins, DefaultNVMeTCPConfig(env.Mode))
 		},
@@ -156,7 +158,7 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	exp = &bench.Experiment{Name: NVMeTCPName}
 	exp.Method = fmt.Sprintf("The same fio randread job (4 KiB, uniform offsets with replacement: norandommap) runs against four paths, "+
 		"%v after a %v ramp, at QD1 and QD%d (one job; iodepth), over %d rounds in alternating order (reversed every other round); "+
-		"each figure is the median of the per-round values (ours and the baseline each), latency is fio's completion latency. "+
+		"a figure's ratio is the median of the per-round ratios, latency is fio's completion latency. "+
 		"One nprdma-target serves a %s namespace of per-page distinct data with --memory above it, read once beforehand, on the "+
 		"nprdma fabric (nprdma/tcp) and on an NVMe/TCP port (--listen-nvme-tcp), both on loopback. Ours: fio's nbd engine → "+
 		"nprdma-initiator attach --mode nbd (unix socket) → the target, once with --transport tcp (NVMe/TCP: every read an NVMe "+
@@ -180,7 +182,7 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	iops := func(r *e2eResult) []float64 { return r.iops }
 	add := func(name, ours, base string, pick func(*e2eResult) []float64, unit string, g *bench.Goal) {
 		o, b := pick(byKey[ours]), pick(byKey[base])
-		f := bench.NewFigure(name, bench.Median(o), unit, byKey[base].def.label, bench.Median(b)).
+		f := bench.RoundsFigure(name, unit, byKey[base].def.label, o, b).
 			WithNotes(fmt.Sprintf("per round: ours %s; baseline %s", bench.RoundList(o), bench.RoundList(b)))
 		if g != nil {
 			f = f.WithGoal(*g)

@@ -50,7 +50,7 @@ func DefaultSHMConfig(m bench.Mode) SHMConfig {
 		ResidentSize: bench.ByMode[int64](m, 256<<20, 1<<30),
 		Runtime:      bench.ByMode(m, time.Second, 10*time.Second),
 		Ramp:         bench.WarmUp(m),
-		Rounds:       1,
+		Rounds:       m.Rounds(),
 		QD:           32,
 		Samples:      bench.ByMode(m, 1000, 5000),
 	}
@@ -63,6 +63,8 @@ func SHMSpec(bins *Binaries) bench.Spec {
 		Title: "Same-host fabric (nprdma/shm): fio through attach over shared memory against the one-hop nbdkit peer; READ in place against memcpy; the major fault",
 		Goals: []string{SHMGoalQD1.Text, SHMGoalQD.Text, "target CPU time per resident read over shm: reported (goal ≈ 0)",
 			SHMGoalRead.Text, SHMGoalMaj.Text, "all judged on the median of the rounds; every round reported"},
+		// One set-up (files, target, attachments, peers) serves every round.
+		RoundsInside: true,
 		Run: func(ctx context.Context, env *bench.Env) (*bench.Experiment, error) {
 			return MeasureSHM(ctx, env, bins, DefaultSHMConfig(env.Mode))
 		},
@@ -261,14 +263,8 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	}
 	ratioFig := func(name, ours, base string, pick func(*e2eResult) []float64, unit string, g *bench.Goal) {
 		o, b := pick(results[byKey[ours]]), pick(results[byKey[base]])
-		ratios := make([]float64, len(o))
-		for i := range o {
-			ratios[i] = o[i] / b[i]
-		}
-		m := bench.MedianIndex(ratios)
-		f := bench.NewFigure(name, o[m], unit, results[byKey[base]].def.label, b[m]).
-			WithNotes(fmt.Sprintf("median round %d; ratio per round %s; ours %s; baseline %s", m+1,
-				bench.RoundList(ratios), bench.RoundList(o), bench.RoundList(b)))
+		f := bench.RoundsFigure(name, unit, results[byKey[base]].def.label, o, b).
+			WithNotes(fmt.Sprintf("per round: ours %s; baseline %s", bench.RoundList(o), bench.RoundList(b)))
 		if g != nil {
 			f = f.WithGoal(*g)
 		}
@@ -284,7 +280,7 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	ratioFig("resident QD"+qd+" IOPS, shm vs tcp (same target)", "shm-qd"+qd, "tcp-qd"+qd, iops, "IOPS", nil)
 	for _, q := range []string{"1", qd} {
 		s, t := cpuPerRead[byKey["shm-qd"+q]], cpuPerRead[byKey["tcp-qd"+q]]
-		exp.Add(bench.NewFigure("target CPU per resident read at QD"+q+", shm vs tcp", bench.Median(s), "µs", "the same over tcp", bench.Median(t)).
+		exp.Add(bench.RoundsFigure("target CPU per resident read at QD"+q+", shm vs tcp", "µs", "the same over tcp", s, t).
 			WithNotes("goal ≈ 0 over shm (reads run in the initiator); per round: shm " + bench.RoundList(s) + "; tcp " + bench.RoundList(t)))
 	}
 	micro.figures(exp)
@@ -531,21 +527,16 @@ func (r *shmMicroResults) figures(exp *bench.Experiment) {
 	p := r.p50
 	n := len(p["inplace"])
 	readBound, majorBound := make([]float64, n), make([]float64, n)
-	readRatio, majorRatio := make([]float64, n), make([]float64, n)
 	for i := range n {
 		readBound[i] = 2*p["memcpy"][i] + 1
 		majorBound[i] = p["inplace"][i] + p["rtt"][i] + 10 + 1.2*p["raw"][i]
-		readRatio[i] = p["inplace"][i] / readBound[i]
-		majorRatio[i] = p["major"][i] / majorBound[i]
 	}
-	m := bench.MedianIndex(readRatio)
-	exp.Add(bench.NewFigure("4 KiB READ in place p50 vs 2× memcpy + 1 µs", p["inplace"][m], "µs", "2× memcpy p50 + 1 µs", readBound[m]).
-		WithGoal(SHMGoalRead).WithNotes(fmt.Sprintf("median round %d; ratio per round %s; READ in place %s; memcpy %s",
-		m+1, bench.RoundList(readRatio), bench.RoundList(p["inplace"]), bench.RoundList(p["memcpy"]))))
-	m = bench.MedianIndex(majorRatio)
-	exp.Add(bench.NewFigure("major fault p50 over shm vs its bound", p["major"][m], "µs", "READ in place + shm round trip + 10 µs + 1.2× raw read", majorBound[m]).
-		WithGoal(SHMGoalMaj).WithNotes(fmt.Sprintf("median round %d; ratio per round %s; major %s; round trip %s; raw read %s",
-		m+1, bench.RoundList(majorRatio), bench.RoundList(p["major"]), bench.RoundList(p["rtt"]), bench.RoundList(p["raw"]))))
+	exp.Add(bench.RoundsFigure("4 KiB READ in place p50 vs 2× memcpy + 1 µs", "µs", "2× memcpy p50 + 1 µs", p["inplace"], readBound).
+		WithGoal(SHMGoalRead).WithNotes(fmt.Sprintf("READ in place per round %s; memcpy %s",
+		bench.RoundList(p["inplace"]), bench.RoundList(p["memcpy"]))))
+	exp.Add(bench.RoundsFigure("major fault p50 over shm vs its bound", "µs", "READ in place + shm round trip + 10 µs + 1.2× raw read", p["major"], majorBound).
+		WithGoal(SHMGoalMaj).WithNotes(fmt.Sprintf("major per round %s; round trip %s; raw read %s",
+		bench.RoundList(p["major"]), bench.RoundList(p["rtt"]), bench.RoundList(p["raw"]))))
 	for _, k := range shmMicroKinds {
 		if xs := p[k.key]; len(xs) > 0 {
 			exp.Add(bench.NewFigure(k.label+" p50", bench.Median(xs), "µs", "", 0).WithNotes("per round: " + bench.RoundList(xs)))
