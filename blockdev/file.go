@@ -45,7 +45,7 @@ type File struct {
 
 	sys sysCalls
 
-	ring       *uring // nil: pread and pwrite
+	ring       *uringFile // nil: pread and pwrite
 	ringActive atomic.Int64
 	ringOn     atomic.Bool // see useRing
 	ringAbove  int64       // ringAboveDefault; tests lower it

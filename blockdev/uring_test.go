@@ -108,6 +108,7 @@ func TestIOUringBrokenFallsBackToSystemCalls(t *testing.T) {
 func TestIOUringCloseStopsTheReaper(t *testing.T) {
 	d := openRing(t, 16*PageSize)
 	r := d.ring
+	fd := r.ring.FD()
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +117,7 @@ func TestIOUringCloseStopsTheReaper(t *testing.T) {
 	default:
 		t.Fatal("the reaper goroutine is still running after Close")
 	}
-	if _, err := unix.FcntlInt(uintptr(r.fd), unix.F_GETFD, 0); !errors.Is(err, unix.EBADF) {
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); !errors.Is(err, unix.EBADF) {
 		// (A descriptor opened since might reuse the number; the test
 		// opens none.)
 		t.Fatalf("ring descriptor still open after Close: %v", err)

@@ -229,7 +229,7 @@ if [ -z "$fuse_skipped" ]; then
 	initiator attach --target "$target_addr" --nqn "$nqn" --mode fuse --name demo-fuse --run-dir "$run" \
 		--metrics-addr 127.0.0.1:0 --daemon --json >"$results/fuse/attach.json"
 	attached+=("$(sed -n 's/.*"pid":\([0-9]*\).*/\1/p' "$results/fuse/attach.json")")
-	loopdev=$(field loop_device "$results/fuse/attach.json")
+	loopdev=$(field device "$results/fuse/attach.json")
 	echo "block device: $loopdev ($(cat "/sys/block/${loopdev#/dev/}/size") sectors, direct I/O $(cat "/sys/block/${loopdev#/dev/}/loop/dio"))"
 	echo "FUSE_USE=$loopdev" >>"$results/run.env"
 

@@ -648,12 +648,12 @@ func setupLoops(ctx context.Context, rig *e2eRig, iniBin, targetAddr string, mem
 		return fail(err)
 	}
 	rig.onClose(func() error { return ap.Stop(syscall.SIGTERM, time.Minute) })
-	line, err := ap.WaitLine(ctx, time.Minute, func(l string) bool { return strings.Contains(l, `"loop_device"`) })
+	line, err := ap.WaitLine(ctx, time.Minute, func(l string) bool { return strings.Contains(l, `"device"`) })
 	if err != nil {
 		return fail(err)
 	}
 	var rec struct {
-		LoopDevice string `json:"loop_device"`
+		LoopDevice string `json:"device"`
 	}
 	if err := json.Unmarshal([]byte(line), &rec); err != nil || !strings.HasPrefix(rec.LoopDevice, "/dev/loop") {
 		return fail(fmt.Errorf("attach --mode fuse printed %q: %v", line, err))

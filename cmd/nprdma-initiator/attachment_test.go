@@ -174,7 +174,7 @@ func (e *cliEnv) cleanUp() {
 				time.Sleep(10 * time.Millisecond)
 			}
 		}
-		d.Reap(r)
+		d.Reap(r, false)
 	}
 }
 
@@ -269,9 +269,9 @@ func (e *cliEnv) assertGone(rec attach.Record) {
 			e.t.Errorf("%s: FUSE mount %s still mounted (%v)", rec.Name, rec.FUSEMount, err)
 		}
 	}
-	if rec.LoopDevice != "" {
-		if f, err := attach.LoopBackingFile(rec.LoopDevice); err != nil || f == rec.FUSEFile {
-			e.t.Errorf("%s: %s still bound to %q (%v)", rec.Name, rec.LoopDevice, f, err)
+	if rec.Device != "" {
+		if f, err := attach.LoopBackingFile(rec.Device); err != nil || f == rec.FUSEFile {
+			e.t.Errorf("%s: %s still bound to %q (%v)", rec.Name, rec.Device, f, err)
 		}
 	}
 }
@@ -435,7 +435,7 @@ func TestAttachFUSEModeFilesystem(t *testing.T) {
 	needTools(t, "fio", "mkfs.ext4", "e2fsck", "blkdiscard")
 	e := newCLIEnv(t)
 	rec := e.attachDaemon("t-fuse", "--mode", "fuse")
-	dev := rec.LoopDevice
+	dev := rec.Device
 	if rec.Mode != attach.ModeFUSE || !strings.HasPrefix(dev, "/dev/loop") || rec.FUSEMount != filepath.Join(e.runDir, "mnt", "t-fuse") {
 		t.Fatalf("record: %+v", rec)
 	}
@@ -521,6 +521,31 @@ func TestAttachFUSEModeFilesystem(t *testing.T) {
 	if mounted, _ := attach.IsMountPoint(mnt); mounted {
 		t.Error("the filesystem on the loop device is still mounted after detach --force")
 	}
+	e.assertGone(rec)
+}
+
+// TestAttachAutoSaysWhatItChose: attach --mode auto takes the mode
+// attach.ChooseMode picks for this machine and says why on stderr: fuse
+// here (root, /dev/fuse and /dev/loop-control, and a kernel with neither
+// ublk nor the NBD client; the guest lab checks that it picks ublk there).
+func TestAttachAutoSaysWhatItChose(t *testing.T) {
+	mode, why := attach.ChooseMode(attach.ProbeKernel())
+	if mode != attach.ModeFUSE && mode != attach.ModeNBD {
+		t.Skipf("auto chooses %s here; this test attaches in the modes of machines without ublk and NBD", mode)
+	}
+	e := newCLIEnv(t)
+	out, stderr := e.mustRun("attach", "--target", e.addr, "--nqn", cliSubNQN, "--name", "t-auto", "--daemon", "--json", "--mode", "auto")
+	var rec attach.Record
+	if err := json.Unmarshal([]byte(out), &rec); err != nil {
+		t.Fatalf("attach --json printed %q: %v", out, err)
+	}
+	if rec.Mode != mode || !strings.Contains(stderr, why) {
+		t.Fatalf("auto attached in mode %s, saying:\n%s\nwant mode %s and %q", rec.Mode, stderr, mode, why)
+	}
+	if mode == attach.ModeFUSE && !strings.Contains(why, "auto chose fuse (a loop device over a FUSE file): this kernel has neither ublk") {
+		t.Errorf("the reason: %q", why)
+	}
+	e.mustRun("detach", "t-auto")
 	e.assertGone(rec)
 }
 

@@ -83,7 +83,7 @@ func detachOne(cc *cli.Context, dir *attach.Dir, rec attach.Record) error {
 	}
 	proc := rec.Process()
 	if !proc.Alive() {
-		notes, err := dir.Reap(rec)
+		notes, err := dir.Reap(rec, cc.Bool("force"))
 		if err != nil {
 			return fmt.Errorf("detach %s: its process (pid %d) is gone, and cleaning up after it failed: %w", rec.Name, rec.PID, err)
 		}
@@ -91,14 +91,14 @@ func detachOne(cc *cli.Context, dir *attach.Dir, rec attach.Record) error {
 		return nil
 	}
 	force := cc.Bool("force")
-	if rec.LoopDevice != "" && !force {
-		mounts, err := attach.MountPointsOf(rec.LoopDevice)
+	if rec.Device != "" && !force {
+		mounts, err := attach.MountPointsOf(rec.Device)
 		if err != nil {
-			return fmt.Errorf("detach %s: checking whether %s is mounted: %w", rec.Name, rec.LoopDevice, err)
+			return fmt.Errorf("detach %s: checking whether %s is mounted: %w", rec.Name, rec.Device, err)
 		}
 		if len(mounts) > 0 {
 			return fmt.Errorf("detach %s: %s is mounted at %s; unmount it first (umount %s), or detach --force to unmount it (lazily if busy)",
-				rec.Name, rec.LoopDevice, strings.Join(mounts, ", "), mounts[len(mounts)-1])
+				rec.Name, rec.Device, strings.Join(mounts, ", "), mounts[len(mounts)-1])
 		}
 	}
 	sig := syscall.SIGTERM
@@ -149,7 +149,7 @@ func detachOne(cc *cli.Context, dir *attach.Dir, rec attach.Record) error {
 		if final.Dead() {
 			// Its teardown fails when it leaves acknowledged writes
 			// unflushed: it succeeded, so nothing was lost.
-			say("detached %s (%s); %s", rec.Name, rec.Use(), detachedDead(final))
+			say("detached %s (%s); %s", rec.Name, rec.Use(), final.DetachedDead())
 			return nil
 		}
 		say("detached %s (%s)", rec.Name, rec.Use())
@@ -158,7 +158,7 @@ func detachOne(cc *cli.Context, dir *attach.Dir, rec attach.Record) error {
 	if err != nil {
 		return fmt.Errorf("detach %s: %w", rec.Name, err)
 	}
-	notes, rerr := dir.Reap(cur)
+	notes, rerr := dir.Reap(cur, cc.Bool("force"))
 	msg := fmt.Sprintf("detach %s: the attach process exited with an error: %s", rec.Name, cur.DetachError)
 	if len(notes) > 0 {
 		msg += "; cleaned up after it" + joinNotes(notes)

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/initiator/attach"
 	"github.com/nprdma/nprdma/nvme"
 	nvmetcp "github.com/nprdma/nprdma/nvme/tcp"
 	"github.com/urfave/cli/v2"
@@ -199,19 +199,8 @@ func printDiscovery(w io.Writer, d Discovery) {
 		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  NSID\tSIZE\tBLOCK\tNGUID\tONE-SIDED")
 		for _, n := range s.Namespaces {
-			fmt.Fprintf(tw, "  %d\t%s\t%d\t%s\t%v\n", n.NSID, humanSize(n.Size), n.BlockSize, n.NGUID, n.OneSided)
+			fmt.Fprintf(tw, "  %d\t%s\t%d\t%s\t%v\n", n.NSID, attach.HumanSize(n.Size), n.BlockSize, n.NGUID, n.OneSided)
 		}
 		tw.Flush()
 	}
-}
-
-func humanSize(n int64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
-	f := float64(n)
-	i := 0
-	for f >= 1024 && i < len(units)-1 {
-		f /= 1024
-		i++
-	}
-	return strings.TrimSuffix(strings.TrimSuffix(fmt.Sprintf("%.1f", f), "0"), ".") + " " + units[i]
 }

@@ -24,7 +24,8 @@ func listCommand() *cli.Command {
 			"restarted without a clean shutdown (crash, kill) serves on, but a line under the table says how many\n" +
 			"may be lost (JSON: possibly_lost, possibly_lost_bytes, possibly_lost_since); detach then fails naming them.\n" +
 			"A record whose attach process is gone (killed, crashed) is dropped, saying so, after\n" +
-			"cleaning up what it left (dead FUSE mount, stale socket).",
+			"cleaning up what it left (dead FUSE mount, stale socket, kernel device); one whose device waits for the next\n" +
+			"attach of its name (ublk: the device outlives its process, its I/O held) is listed as orphaned instead.",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print a JSON array of the attachment records instead of a table"},
 			runDirFlag(),
@@ -48,7 +49,14 @@ func listAction(cc *cli.Context) error {
 			live = append(live, r)
 			continue
 		}
-		notes, err := dir.Reap(r)
+		if dir.Resumable(r) {
+			// Its device outlived it and waits for the next attach of
+			// the name: removing it would fail the filesystem on it.
+			r.State = attach.StateOrphaned
+			live = append(live, r)
+			continue
+		}
+		notes, err := dir.Reap(r, false)
 		if err != nil {
 			fmt.Fprintf(cc.App.ErrWriter, "nprdma-initiator: %s: its process (pid %d) is gone; cleaning up after it: %v\n", r.Name, r.PID, err)
 			continue
@@ -87,36 +95,23 @@ func printAttachments(w io.Writer, recs []attach.Record, now time.Time) {
 			dead = append(dead, r)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Name, r.Mode, r.State, use, r.Target, r.NQN, r.NSID,
-			humanSize(r.Size), strconv.Itoa(r.PID), now.Sub(r.Started).Truncate(time.Second))
+			attach.HumanSize(r.Size), strconv.Itoa(r.PID), now.Sub(r.Started).Truncate(time.Second))
 	}
 	tw.Flush()
 	for _, r := range dead {
-		fmt.Fprintf(w, "%s: %s since %s (%s ago); its I/O fails with EIO: %s\n", r.Name, deadCause(r),
+		fmt.Fprintf(w, "%s: %s since %s (%s ago); its I/O fails with EIO: %s\n", r.Name, r.DeadCause(),
 			r.LostSince.Local().Format(time.DateTime), now.Sub(r.LostSince).Truncate(time.Second), r.LostReason)
 	}
 	for _, r := range recs {
-		if r.PossiblyLost > 0 {
-			fmt.Fprintf(w, "%s: %s (%s) it had acknowledged may be lost: they were not flushed when the target restarted without a clean shutdown (last at %s)\n",
-				r.Name, changes(r.PossiblyLost), humanSize(r.PossiblyLostBytes), r.PossiblyLostSince.Local().Format(time.DateTime))
+		if r.State == attach.StateOrphaned {
+			fmt.Fprintf(w, "%s: its attach process (pid %d) is gone; %s waits for it, its I/O held: attach again with --name %s to resume it, or detach %s to remove it\n",
+				r.Name, r.PID, r.Device, r.Name, r.Name)
 		}
 	}
-}
-
-// deadCause says why the I/O of a dead record (attach.Record.Dead) fails for
-// good, as list puts it.
-func deadCause(r attach.Record) string {
-	if r.State == attach.StateNamespaceChanged {
-		return "namespace changed on the target"
+	for _, r := range recs {
+		if r.PossiblyLost > 0 {
+			fmt.Fprintf(w, "%s: %s it had acknowledged may be lost: they were not flushed when the target restarted without a clean shutdown (last at %s)\n",
+				r.Name, attach.Changes(r.PossiblyLost, r.PossiblyLostBytes), r.PossiblyLostSince.Local().Format(time.DateTime))
+		}
 	}
-	return "controller lost"
-}
-
-// detachedDead is what attach and detach add to "detached NAME" about a dead
-// attachment: its teardown succeeded, so its failed final flush lost nothing.
-func detachedDead(r attach.Record) string {
-	had := "its controller had been lost"
-	if r.State == attach.StateNamespaceChanged {
-		had = "its namespace had changed on the target"
-	}
-	return fmt.Sprintf("%s since %s; nothing it acknowledged was left unflushed", had, r.LostSince.Local().Format(time.DateTime))
 }

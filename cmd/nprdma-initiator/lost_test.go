@@ -161,7 +161,7 @@ func TestLostAttachmentIsListedAndDetached(t *testing.T) {
 	}
 	e.assertGone(clean)
 	if fuse != nil {
-		_, stderr, err := e.run("detach", fuse.LoopDevice)
+		_, stderr, err := e.run("detach", fuse.Device)
 		if err != nil || !strings.Contains(stderr, "detached lost-fuse") || !strings.Contains(stderr, "controller had been lost since") {
 			t.Errorf("detach of a lost fuse attachment with nothing unflushed: %v\n%s", err, stderr)
 		}

@@ -77,7 +77,7 @@ func TestAttachOverSharedMemoryFUSE(t *testing.T) {
 	rec := e.attachDaemon("t-shm-fuse", "--mode", "fuse")
 	attachedOverSHM(t, rec)
 	before := e.readsServed()
-	fioVerify(t, "--filename="+rec.LoopDevice, "--ioengine=libaio", "--direct=1")
+	fioVerify(t, "--filename="+rec.Device, "--ioengine=libaio", "--direct=1")
 	if served := e.readsServed() - before; served > verifyReads/100 {
 		t.Errorf("the target's NIC engine served %v of fio's %d reads: reads did not run in place", served, verifyReads)
 	}

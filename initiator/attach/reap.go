@@ -3,12 +3,9 @@ package attach
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
-	"time"
 
 	"github.com/nprdma/nprdma/internal/mountinfo"
 	"golang.org/x/sys/unix"
@@ -17,118 +14,38 @@ import (
 // Reap cleans up after an attachment whose process died without tearing
 // down (killed, crashed, or its teardown failed) and removes its record. It
 // returns what it did, for the user. It refuses while the process lives.
+// What is left depends on the mode (Frontend.Reap):
 //
-//   - the NBD socket file is removed if nothing listens on it;
-//   - a FUSE mount left behind ("Transport endpoint is not connected") is
-//     unmounted lazily and its directory removed;
-//   - the loop device normally unbound itself when the process died
-//     (autoclear); one that is still bound to the FUSE file is unbound
-//     unless a filesystem on it is mounted, which is reported instead;
-//   - the log of a daemonised process is kept, and named, for the post-mortem.
-func (d *Dir) Reap(rec Record) ([]string, error) {
+//   - nbd: the socket file is removed if nothing listens on it;
+//   - fuse: a FUSE mount left behind ("Transport endpoint is not
+//     connected") is unmounted lazily and its directory removed; the loop
+//     device normally unbound itself when the process died (autoclear); one
+//     that is still bound to the FUSE file is unbound unless a filesystem on
+//     it is mounted, which is reported instead;
+//   - ublk, nbd-kernel: the device is removed (ublk: STOP_DEV and DEL_DEV;
+//     nbd: disconnected); while a filesystem on it is mounted that is
+//     refused unless force, which removes it under the filesystem (whose
+//     I/O then fails) after a lazy unmount.
+//
+// The log of a daemonised process is kept, and named, for the post-mortem.
+func (d *Dir) Reap(rec Record, force bool) ([]string, error) {
 	if rec.Process().Alive() {
 		return nil, fmt.Errorf("attachment %q is still served by pid %d: detach it instead", rec.Name, rec.PID)
 	}
 	var notes []string
-	var errs []error
-	if rec.Socket != "" {
-		switch removed, err := removeStaleSocket(rec.Socket); {
-		case err != nil:
-			errs = append(errs, err)
-		case removed:
-			notes = append(notes, "removed socket "+rec.Socket)
-		}
-	}
-	if rec.LoopDevice != "" && rec.FUSEFile != "" {
-		note, err := releaseLoop(rec.LoopDevice, rec.FUSEFile)
-		if err != nil {
-			errs = append(errs, err)
-		} else if note != "" {
-			notes = append(notes, note)
-		}
-	}
-	if rec.FUSEMount != "" {
-		if mounted, err := IsMountPoint(rec.FUSEMount); err != nil {
-			errs = append(errs, err)
-		} else if mounted {
-			if err := unix.Unmount(rec.FUSEMount, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-				errs = append(errs, fmt.Errorf("unmount the FUSE mount %s left by pid %d: %w", rec.FUSEMount, rec.PID, err))
-			} else {
-				notes = append(notes, "unmounted the dead FUSE mount "+rec.FUSEMount)
-			}
-		}
-		// Only the directory this package names is ours to remove (and only
-		// empty: os.Remove refuses anything else).
-		if rec.FUSEMount == d.MountDir(rec.Name) {
-			if err := os.Remove(rec.FUSEMount); err == nil {
-				notes = append(notes, "removed directory "+rec.FUSEMount)
-			}
-		}
+	var err error
+	if f, ferr := FrontendOf(rec.Mode); ferr == nil {
+		notes, err = f.Reap(d, rec, force)
 	}
 	if rec.LogFile != "" {
-		if _, err := os.Stat(rec.LogFile); err == nil {
+		if _, serr := os.Stat(rec.LogFile); serr == nil {
 			notes = append(notes, "its log is "+rec.LogFile)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return notes, err
 	}
 	return notes, d.Remove(rec.Name)
-}
-
-// removeStaleSocket removes path if it is a unix socket nobody listens on.
-func removeStaleSocket(path string) (bool, error) {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	if fi.Mode().Type() != os.ModeSocket {
-		return false, fmt.Errorf("%s is not a socket; left alone", path)
-	}
-	c, err := net.DialTimeout("unix", path, time.Second)
-	if err == nil {
-		c.Close()
-		return false, fmt.Errorf("socket %s: another process listens on it; left alone", path)
-	}
-	if !errors.Is(err, syscall.ECONNREFUSED) {
-		return false, fmt.Errorf("socket %s: %w", path, err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return false, err
-	}
-	return true, nil
-}
-
-// releaseLoop unbinds dev if it is still bound to file and not mounted.
-func releaseLoop(dev, file string) (string, error) {
-	bound, err := LoopBackingFile(dev)
-	if err != nil || bound != file {
-		return "", nil // unbound already (autoclear), or bound to something else now
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(dev, &st); err != nil {
-		return "", fmt.Errorf("loop device %s: %w", dev, err)
-	}
-	mounts, err := MountPointsOfDevice(st.Rdev)
-	if err != nil {
-		return "", err
-	}
-	if len(mounts) > 0 {
-		return "", fmt.Errorf("%s is still mounted at %s over the dead attachment's file: unmount it (umount -l %s), then detach again",
-			dev, strings.Join(mounts, ", "), mounts[0])
-	}
-	f, err := os.OpenFile(dev, os.O_RDONLY, 0)
-	if err != nil {
-		return "", fmt.Errorf("loop device %s: %w", dev, err)
-	}
-	defer f.Close()
-	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
-		return "", fmt.Errorf("release loop device %s: %w", dev, err)
-	}
-	return "released loop device " + dev, nil
 }
 
 // LoopBackingFile returns the file /dev/loopN is bound to ("" when unbound).
@@ -165,4 +82,73 @@ func MountPointsOf(path string) ([]string, error) {
 		return nil, fmt.Errorf("%s is not a block device", path)
 	}
 	return MountPointsOfDevice(st.Rdev)
+}
+
+// mountsOfDevice is MountPointsOf, but a device node that is gone has no
+// mounts.
+func mountsOfDevice(path string) ([]string, error) {
+	mounts, err := MountPointsOf(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return mounts, err
+}
+
+// unmountDevice checks that nothing has the block device at path mounted
+// before it is taken down: a *RefusedError naming the mount points if it
+// is, unless force; then it unmounts them, innermost first (lazily if
+// busy).
+func unmountDevice(path string, force bool) error {
+	mounts, err := mountsOfDevice(path)
+	if err != nil {
+		return fmt.Errorf("detach %s: reading mounts: %w", path, err)
+	}
+	if len(mounts) > 0 && !force {
+		return &RefusedError{Err: fmt.Errorf("detach %s: it is mounted at %s; unmount it first, or detach with force to unmount it",
+			path, joinPaths(mounts))}
+	}
+	for i := len(mounts) - 1; i >= 0; i-- {
+		err := unix.Unmount(mounts[i], 0)
+		if errors.Is(err, unix.EBUSY) {
+			err = unix.Unmount(mounts[i], unix.MNT_DETACH)
+		}
+		if err != nil && !errors.Is(err, unix.EINVAL) { // EINVAL: gone already
+			return fmt.Errorf("detach %s: unmount %s: %w", path, mounts[i], err)
+		}
+	}
+	return nil
+}
+
+// lazyUnmount detaches the mounts, innermost first, and says so.
+func lazyUnmount(mounts []string) []string {
+	var notes []string
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if err := unix.Unmount(mounts[i], unix.MNT_DETACH); err == nil {
+			notes = append(notes, "unmounted "+mounts[i]+" lazily")
+		}
+	}
+	return notes
+}
+
+func joinPaths(p []string) string { return strings.Join(p, ", ") }
+
+// reapDevice removes the kernel block device a dead attach process left,
+// with remove. While a filesystem on it is mounted that is refused: the
+// filesystem's I/O waits for the device, and attaching again under the same
+// name resumes it. With force the device goes first (the waiting I/O
+// fails), then the filesystem is unmounted lazily.
+func reapDevice(rec Record, force bool, kind string, remove func() error) ([]string, error) {
+	mounts, err := mountsOfDevice(rec.Device)
+	if err != nil {
+		return nil, err
+	}
+	if len(mounts) > 0 && !force {
+		return nil, fmt.Errorf("%s is mounted at %s, and its I/O waits for the dead attach process: attach again with --name %s to resume it, or detach --force to remove the device (the filesystem's I/O then fails)",
+			rec.Device, joinPaths(mounts), rec.Name)
+	}
+	if err := remove(); err != nil {
+		return nil, err
+	}
+	notes := []string{"removed the " + kind + " device " + rec.Device}
+	return append(notes, lazyUnmount(mounts)...), nil
 }

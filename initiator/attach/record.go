@@ -28,24 +28,17 @@ import (
 	"time"
 )
 
-// Mode is how a namespace is exposed locally.
+// Mode is how a namespace is exposed locally: the name of a Frontend.
 type Mode string
 
 // Attach modes.
 const (
-	ModeNBD  Mode = "nbd"  // an NBD server on a unix socket (and optionally loopback TCP)
-	ModeFUSE Mode = "fuse" // a FUSE file with a loop device over it: /dev/loopN
-	ModeAuto Mode = "auto" // the best the kernel offers (ChooseMode)
+	ModeNBD       Mode = "nbd"        // an NBD server on a unix socket (and optionally loopback TCP)
+	ModeFUSE      Mode = "fuse"       // a FUSE file with a loop device over it: /dev/loopN
+	ModeUBLK      Mode = "ublk"       // a ublk block device served by this process: /dev/ublkbN
+	ModeNBDKernel Mode = "nbd-kernel" // the kernel's NBD client over socket pairs to this process: /dev/nbdN
+	ModeAuto      Mode = "auto"       // the best the kernel offers (ChooseMode)
 )
-
-// ParseMode parses a --mode value.
-func ParseMode(s string) (Mode, error) {
-	switch m := Mode(s); m {
-	case ModeNBD, ModeFUSE, ModeAuto:
-		return m, nil
-	}
-	return "", fmt.Errorf("mode %q: want nbd, fuse or auto", s)
-}
 
 // Record states.
 const (
@@ -60,6 +53,10 @@ const (
 	// size or NGUID, or none); as in StateLost, the process still serves,
 	// but its I/O fails with EIO.
 	StateNamespaceChanged = "namespace-changed"
+	// StateOrphaned is never recorded: list shows it for a record whose
+	// attach process is gone but whose device waits for the next attach
+	// process of the name to resume it (Resumable).
+	StateOrphaned = "orphaned"
 )
 
 // Record describes one attachment. The attach process writes it; list and
@@ -81,15 +78,21 @@ type Record struct {
 	Size    int64  `json:"size_bytes,omitempty"`
 	HostNQN string `json:"host_nqn,omitempty"`
 
+	// Device is the block device of the block-device modes: /dev/loopN
+	// (fuse), /dev/ublkbN (ublk), /dev/nbdN (nbd-kernel).
+	Device string `json:"device,omitempty"`
 	// nbd mode.
 	URI     string `json:"uri,omitempty"`
 	Socket  string `json:"socket,omitempty"`
 	TCPAddr string `json:"tcp_addr,omitempty"`
 	TCPURI  string `json:"tcp_uri,omitempty"`
 	// fuse mode.
-	LoopDevice string `json:"loop_device,omitempty"`
-	FUSEMount  string `json:"fuse_mount,omitempty"`
-	FUSEFile   string `json:"fuse_file,omitempty"`
+	FUSEMount string `json:"fuse_mount,omitempty"`
+	FUSEFile  string `json:"fuse_file,omitempty"`
+
+	// ResumedFrom is the PID of the dead attach process whose device this
+	// one resumed (Dir.Claim, Resumer).
+	ResumedFrom int `json:"resumed_from,omitempty"`
 
 	MetricsAddr string `json:"metrics_addr,omitempty"`
 	LogFile     string `json:"log_file,omitempty"`
@@ -125,11 +128,11 @@ func (r Record) Dead() bool { return r.State == StateLost || r.State == StateNam
 // Process is the attach process of the record.
 func (r Record) Process() Process { return Process{PID: r.PID, Start: r.ProcStart} }
 
-// Use is what a user passes to their tools: the NBD URI or the loop device.
+// Use is what a user passes to their tools: the block device or the NBD URI.
 func (r Record) Use() string {
 	switch {
-	case r.LoopDevice != "":
-		return r.LoopDevice
+	case r.Device != "":
+		return r.Device
 	case r.URI != "":
 		return r.URI
 	}
@@ -247,19 +250,22 @@ func (e *ExistsError) Error() string {
 
 // Claim creates the record of a new attachment, atomically: it fails with an
 // *ExistsError if a live process holds the name. A record left behind by a
-// dead process is cleaned up (Reap) and replaced. The caller owns the record
-// from then on: Save updates it, Remove deletes it.
-func (d *Dir) Claim(rec Record) error {
+// dead process is replaced: if it is of the same mode and namespace, and
+// its device outlived the process (Resumable), it is returned for the new
+// process to resume (Config.Resume); otherwise what it left is cleaned up
+// (Reap) first. The caller owns the record from then on: Save updates it,
+// Remove deletes it.
+func (d *Dir) Claim(rec Record) (resume *Record, err error) {
 	if err := ValidName(rec.Name); err != nil {
-		return err
+		return nil, err
 	}
 	data, err := json.Marshal(rec)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	tmp, err := d.writeTemp(rec.Name, data)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer os.Remove(tmp)
 	for attempt := 0; ; attempt++ {
@@ -268,24 +274,42 @@ func (d *Dir) Claim(rec Record) error {
 		// empty by a concurrent reader).
 		err := os.Link(tmp, d.recordPath(rec.Name))
 		if err == nil {
-			return nil
+			return resume, nil
 		}
 		if !errors.Is(err, os.ErrExist) || attempt >= 3 {
-			return fmt.Errorf("claim attachment %q: %w", rec.Name, err)
+			return nil, fmt.Errorf("claim attachment %q: %w", rec.Name, err)
 		}
 		old, lerr := d.Load(rec.Name)
 		switch {
 		case errors.Is(lerr, os.ErrNotExist):
 			continue // removed meanwhile
 		case lerr != nil:
-			return fmt.Errorf("claim attachment %q: %w", rec.Name, lerr)
+			return nil, fmt.Errorf("claim attachment %q: %w", rec.Name, lerr)
 		case old.Process().Alive():
-			return &ExistsError{Record: old}
+			return nil, &ExistsError{Record: old}
 		}
-		if _, err := d.Reap(old); err != nil {
-			return fmt.Errorf("claim attachment %q: cleaning up after its dead process %d: %w", rec.Name, old.PID, err)
+		if old.Mode == rec.Mode && old.Target == rec.Target && old.NQN == rec.NQN && old.NSID == rec.NSID && d.Resumable(old) {
+			if err := d.Remove(rec.Name); err != nil {
+				return nil, err
+			}
+			resume = &old
+			continue
+		}
+		if _, err := d.Reap(old, false); err != nil {
+			return nil, fmt.Errorf("claim attachment %q: cleaning up after its dead process %d: %w", rec.Name, old.PID, err)
 		}
 	}
+}
+
+// Resumable reports whether rec, whose attach process is gone, left a
+// device that a new attach process can resume (Resumer).
+func (d *Dir) Resumable(rec Record) bool {
+	f, err := FrontendOf(rec.Mode)
+	if err != nil {
+		return false
+	}
+	r, ok := f.(Resumer)
+	return ok && r.Resumable(d, rec)
 }
 
 // FreeName returns base, or base-2, base-3, ... : the first name no live
@@ -397,7 +421,8 @@ func (d *Dir) List() ([]Record, error) {
 }
 
 // Find returns the record an argument of detach names: an attachment name,
-// its loop device (/dev/loop3 or loop3), its socket path or its NBD URI.
+// its block device (/dev/loop3 or loop3, /dev/ublkb0, /dev/nbd0), its socket
+// path or its NBD URI.
 func (d *Dir) Find(arg string) (Record, error) {
 	if ValidName(arg) == nil {
 		if rec, err := d.Load(arg); err == nil {
@@ -411,12 +436,12 @@ func (d *Dir) Find(arg string) (Record, error) {
 		return Record{}, err
 	}
 	dev := arg
-	if strings.HasPrefix(dev, "loop") {
+	if !strings.HasPrefix(dev, "/") {
 		dev = "/dev/" + dev
 	}
 	abs, _ := filepath.Abs(arg)
 	for _, r := range recs {
-		if (r.LoopDevice != "" && r.LoopDevice == dev) || (r.Socket != "" && r.Socket == abs) ||
+		if (r.Device != "" && r.Device == dev) || (r.Socket != "" && r.Socket == abs) ||
 			(r.URI != "" && r.URI == arg) || (r.TCPURI != "" && r.TCPURI == arg) {
 			return r, nil
 		}

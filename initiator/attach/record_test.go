@@ -47,13 +47,13 @@ func deadRecord(t *testing.T, name string) Record {
 }
 
 func TestParseModeAndNames(t *testing.T) {
-	for _, s := range []string{"nbd", "fuse", "auto"} {
+	for _, s := range []string{"nbd", "fuse", "ublk", "nbd-kernel", "auto"} {
 		if m, err := ParseMode(s); err != nil || string(m) != s {
 			t.Errorf("ParseMode(%q) = %q, %v", s, m, err)
 		}
 	}
-	if _, err := ParseMode("ublk"); err == nil || !strings.Contains(err.Error(), "want nbd, fuse or auto") {
-		t.Errorf("ParseMode(ublk): %v", err)
+	if _, err := ParseMode("loop"); err == nil || !strings.Contains(err.Error(), "want fuse, nbd, nbd-kernel, ublk or auto") {
+		t.Errorf("ParseMode(loop): %v", err)
 	}
 	for nqn, want := range map[string]string{
 		"nqn.2024-01.io.nprdma:default":  "default-ns1",
@@ -81,30 +81,36 @@ func TestParseModeAndNames(t *testing.T) {
 }
 
 func TestChooseMode(t *testing.T) {
-	all := Kernel{Root: true, FUSE: true, Loop: true}
-	if m, why := ChooseMode(all); m != ModeFUSE || !strings.Contains(why, "neither ublk") {
-		t.Errorf("plain kernel: %s (%s)", m, why)
-	}
-	withNBD := all
-	withNBD.NBD = true
-	if m, why := ChooseMode(withNBD); m != ModeFUSE || !strings.Contains(why, "not implemented yet") {
-		t.Errorf("kernel with NBD: %s (%s)", m, why)
-	}
-	for _, k := range []Kernel{{FUSE: true, Loop: true}, {Root: true, Loop: true}, {Root: true, FUSE: true}} {
-		m, why := ChooseMode(k)
-		if m != ModeNBD || !strings.Contains(why, "needs") {
-			t.Errorf("%+v: %s (%s)", k, m, why)
+	for _, c := range []struct {
+		k    Kernel
+		want Mode
+		why  []string
+	}{
+		{Kernel{Root: true, UBLK: true, NBD: true, FUSE: true, Loop: true}, ModeUBLK, []string{"has ublk (/dev/ublk-control)"}},
+		{Kernel{Root: true, UBLK: true}, ModeUBLK, []string{"has ublk"}},
+		{Kernel{Root: true, NBD: true, FUSE: true, Loop: true}, ModeNBDKernel, []string{"no ublk", "has the NBD client (/sys/module/nbd)"}},
+		{Kernel{Root: true, FUSE: true, Loop: true}, ModeFUSE, []string{"neither ublk (/dev/ublk-control) nor an NBD client"}},
+		{Kernel{Root: true, Loop: true}, ModeNBD, []string{"fuse mode needs /dev/fuse"}},
+		{Kernel{Root: true, FUSE: true}, ModeNBD, []string{"fuse mode needs /dev/loop-control"}},
+		{Kernel{Root: true}, ModeNBD, []string{"needs /dev/fuse and /dev/loop-control"}},
+		{Kernel{UBLK: true, NBD: true, FUSE: true, Loop: true}, ModeNBD, []string{"need root"}},
+	} {
+		m, why := ChooseMode(c.k)
+		if m != c.want {
+			t.Errorf("%+v: chose %s (%s), want %s", c.k, m, why, c.want)
 		}
-	}
-	if _, why := ChooseMode(Kernel{}); !strings.Contains(why, "root") || !strings.Contains(why, "/dev/fuse") || !strings.Contains(why, "/dev/loop-control") {
-		t.Errorf("nothing available: %s", why)
+		for _, w := range append(c.why, "auto chose "+string(c.want)) {
+			if !strings.Contains(why, w) {
+				t.Errorf("%+v: %q does not say %q", c.k, why, w)
+			}
+		}
 	}
 }
 
 func TestRecordLifecycle(t *testing.T) {
 	d := testDir(t)
 	rec := liveRecord(t, "disk0")
-	if err := d.Claim(rec); err != nil {
+	if _, err := d.Claim(rec); err != nil {
 		t.Fatal(err)
 	}
 	rec.URI, rec.Socket = "nbd+unix:///disk0?socket=/x.sock", "/x.sock"
@@ -116,8 +122,8 @@ func TestRecordLifecycle(t *testing.T) {
 		t.Fatalf("Load: %+v, %v", got, err)
 	}
 	other := liveRecord(t, "disk1")
-	other.LoopDevice = "/dev/loop7"
-	if err := d.Claim(other); err != nil {
+	other.Device = "/dev/loop7"
+	if _, err := d.Claim(other); err != nil {
 		t.Fatal(err)
 	}
 	list, err := d.List()
@@ -142,18 +148,18 @@ func TestRecordLifecycle(t *testing.T) {
 
 func TestClaimRefusesALiveOwnerAndReplacesADeadOne(t *testing.T) {
 	d := testDir(t)
-	if err := d.Claim(liveRecord(t, "a")); err != nil {
+	if _, err := d.Claim(liveRecord(t, "a")); err != nil {
 		t.Fatal(err)
 	}
 	var exists *ExistsError
-	if err := d.Claim(liveRecord(t, "a")); !errors.As(err, &exists) || !strings.Contains(err.Error(), `"a" already exists`) {
+	if _, err := d.Claim(liveRecord(t, "a")); !errors.As(err, &exists) || !strings.Contains(err.Error(), `"a" already exists`) {
 		t.Fatalf("second claim: %v", err)
 	}
 	if got := d.FreeName("a"); got != "a-2" {
 		t.Errorf("FreeName(a) = %q, want a-2", got)
 	}
 
-	if err := d.Claim(deadRecord(t, "b")); err != nil {
+	if _, err := d.Claim(deadRecord(t, "b")); err != nil {
 		t.Fatal(err)
 	}
 	if got := d.FreeName("b"); got != "b" {
@@ -161,7 +167,7 @@ func TestClaimRefusesALiveOwnerAndReplacesADeadOne(t *testing.T) {
 	}
 	fresh := liveRecord(t, "b")
 	fresh.NSID = 9
-	if err := d.Claim(fresh); err != nil {
+	if _, err := d.Claim(fresh); err != nil {
 		t.Fatalf("claim over a dead owner: %v", err)
 	}
 	if got, _ := d.Load("b"); got.NSID != 9 {
@@ -196,7 +202,8 @@ func TestConcurrentClaims(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs <- d.Claim(liveRecord(t, "x"))
+			_, err := d.Claim(liveRecord(t, "x"))
+			errs <- err
 		}()
 	}
 	wg.Wait()
@@ -225,9 +232,9 @@ func TestFind(t *testing.T) {
 	nbdRec := liveRecord(t, "n")
 	nbdRec.Socket, nbdRec.URI, nbdRec.TCPURI = "/run/x/n.sock", "nbd+unix:///n?socket=/run/x/n.sock", "nbd://127.0.0.1:10809/n"
 	fuseRec := liveRecord(t, "f")
-	fuseRec.Mode, fuseRec.LoopDevice = ModeFUSE, "/dev/loop5"
+	fuseRec.Mode, fuseRec.Device = ModeFUSE, "/dev/loop5"
 	for _, r := range []Record{nbdRec, fuseRec} {
-		if err := d.Claim(r); err != nil {
+		if _, err := d.Claim(r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -315,16 +322,16 @@ func TestReapRemovesStaleSocketOnly(t *testing.T) {
 	rec.Socket = stale
 	rec.LogFile = filepath.Join(d.Root(), "s.log")
 	os.WriteFile(rec.LogFile, []byte("last words\n"), 0o644)
-	if err := d.Claim(liveRecord(t, "s")); err != nil {
+	if _, err := d.Claim(liveRecord(t, "s")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Reap(liveRecord(t, "s")); err == nil || !strings.Contains(err.Error(), "still served by pid") {
+	if _, err := d.Reap(liveRecord(t, "s"), false); err == nil || !strings.Contains(err.Error(), "still served by pid") {
 		t.Fatalf("Reap of a live attachment: %v", err)
 	}
 	if err := d.Save(rec); err != nil {
 		t.Fatal(err)
 	}
-	notes, err := d.Reap(rec)
+	notes, err := d.Reap(rec, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +365,7 @@ func TestReapRemovesStaleSocketOnly(t *testing.T) {
 		if err := d.Save(rec); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := d.Reap(rec); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := d.Reap(rec, false); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Reap with socket %s: %v, want %q", path, err, want)
 		}
 		if _, err := os.Lstat(path); err != nil {
@@ -409,7 +416,7 @@ func TestDirAtCreatesNothing(t *testing.T) {
 	}
 	rec := liveRecord(t, "a")
 	rec.State, rec.LostSince, rec.LostReason = StateLost, time.Date(2026, 11, 21, 14, 0, 0, 0, time.UTC), "not reconnected within 30s"
-	if err := w.Claim(rec); err != nil {
+	if _, err := w.Claim(rec); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := d.List()

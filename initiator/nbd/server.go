@@ -182,7 +182,7 @@ func (s *Server) BlockSizes() (minimum, preferred, maximum uint32) {
 }
 
 // serveGroup is one Serve call: its listener and the connections it
-// accepted.
+// accepted (one ServeConn call: its connection, no listener).
 type serveGroup struct {
 	ln       net.Listener
 	mu       sync.Mutex
@@ -220,7 +220,7 @@ func (g *serveGroup) stop() {
 		conns = append(conns, c)
 	}
 	g.mu.Unlock()
-	if first {
+	if first && g.ln != nil {
 		g.ln.Close()
 	}
 	for _, c := range conns {
@@ -291,6 +291,40 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			c.serve()
 		}()
 	}
+}
+
+// ServeConn serves one connection made elsewhere, from its handshake on:
+// the end of a socket pair whose other end the kernel's NBD client is
+// handed once Handshake has run on it, say. It returns nil when the
+// connection ends (the client disconnected, or ctx ended or Close was
+// called: the same graceful shutdown as Serve's), or the error that broke
+// it. It closes nc.
+func (s *Server) ServeConn(ctx context.Context, nc net.Conn) error {
+	g := &serveGroup{conns: make(map[*conn]struct{})}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		nc.Close()
+		return ErrServerClosed
+	}
+	s.groups[g] = struct{}{}
+	s.serves.Add(1)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.groups, g)
+		s.mu.Unlock()
+		s.serves.Done()
+	}()
+	stopOnCancel := context.AfterFunc(ctx, g.stop)
+	defer stopOnCancel()
+	c := s.newConn(nc, nc, nc)
+	if !g.add(c) {
+		nc.Close()
+		return ErrServerClosed
+	}
+	defer g.remove(c)
+	return c.serve()
 }
 
 // Close shuts every Serve call down gracefully (see Serve) and waits for
@@ -386,19 +420,22 @@ func (c *conn) shutdown() {
 	}
 }
 
-func (c *conn) serve() {
+// serve runs the connection's handshake and transmission; it returns the
+// error that broke it (nil: the client left, or the server shut it down).
+func (c *conn) serve() error {
 	defer c.closer.Close()
 	if err := c.negotiate(); err != nil {
 		switch {
 		case errors.Is(err, errAbort):
 			c.s.metrics.handshake("abort")
+			return nil
 		case c.stopping.Load():
 			c.s.metrics.handshake("shutdown")
-		default:
-			c.s.metrics.handshake("error")
-			c.log.Info("nbd: handshake failed", "err", err)
+			return nil
 		}
-		return
+		c.s.metrics.handshake("error")
+		c.log.Info("nbd: handshake failed", "err", err)
+		return err
 	}
 	c.s.metrics.handshake("transmission")
 	c.s.metrics.connected(1)
@@ -407,9 +444,11 @@ func (c *conn) serve() {
 	switch {
 	case err != nil && c.stopping.Load():
 		c.closeForShutdown()
+		return nil
 	case err != nil:
 		c.log.Info("nbd: connection dropped", "err", err)
 	}
+	return err
 }
 
 // closeForShutdown is the end of a connection the server's shutdown cut

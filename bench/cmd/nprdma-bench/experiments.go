@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/nprdma/nprdma/bench"
+	"github.com/nprdma/nprdma/bench/attachbench"
 	"github.com/nprdma/nprdma/bench/blockdevbench"
 	"github.com/nprdma/nprdma/bench/e2ebench"
 	"github.com/nprdma/nprdma/bench/npbench"
@@ -32,5 +33,6 @@ func experiments() []bench.Spec {
 		e2ebench.StartupSpec(bins),
 		e2ebench.SHMSpec(bins),
 		e2ebench.GuestNVMeTCPSpec(bins),
+		attachbench.Spec(repoRoot()),
 	}
 }
