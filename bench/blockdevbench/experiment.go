@@ -92,13 +92,11 @@ func (c caseDef) fioArgs(path string, dur, warmup time.Duration) []string {
 		"--rw=randread", "--bs=4k", "--direct=1",
 		"--ioengine=" + c.engine, "--iodepth=" + strconv.Itoa(c.qd),
 		"--numjobs=" + strconv.Itoa(c.jobs), "--group_reporting",
-		"--time_based", "--runtime=" + ms(dur), "--ramp_time=" + ms(warmup),
+		"--time_based", "--runtime=" + bench.FioTime(dur), "--ramp_time=" + bench.FioTime(warmup),
 		// Uniform offsets with replacement, as our reader draws them.
 		"--norandommap", "--randrepeat=0",
 	}
 }
-
-func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
 
 // measurement is one case measured once.
 type measurement struct {

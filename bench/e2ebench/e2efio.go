@@ -105,7 +105,7 @@ type e2eCase struct {
 
 func (c e2eCase) args(runtime, ramp time.Duration) []string {
 	a := []string{"--name=" + c.key, "--rw=" + c.rw, "--bs=4k", "--iodepth=" + strconv.Itoa(c.qd), "--numjobs=1",
-		"--time_based", "--runtime=" + ms(runtime), "--ramp_time=" + ms(ramp), "--norandommap", "--randrepeat=0"}
+		"--time_based", "--runtime=" + bench.FioTime(runtime), "--ramp_time=" + bench.FioTime(ramp), "--norandommap", "--randrepeat=0"}
 	if c.rw == "randrw" {
 		a = append(a, "--rwmixread=70")
 	}

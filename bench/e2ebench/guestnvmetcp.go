@@ -26,6 +26,8 @@ type GuestNVMeTCPConfig struct {
 	Rounds int
 	// Runtime of each fio run.
 	Runtime time.Duration
+	// Ramp is fio's --ramp_time before each run.
+	Ramp time.Duration
 	// NamespaceSize of both targets' namespaces (files in the guest's
 	// /dev/shm): nprdma-target's --memory is twice it, so both serve from
 	// DRAM and the figures compare the transports and controllers.
@@ -38,6 +40,7 @@ func DefaultGuestNVMeTCPConfig(m bench.Mode) GuestNVMeTCPConfig {
 	return GuestNVMeTCPConfig{
 		Rounds:        m.Rounds(),
 		Runtime:       bench.ByMode(m, 2*time.Second, 20*time.Second),
+		Ramp:          bench.WarmUp(m),
 		NamespaceSize: 256 << 20,
 	}
 }
@@ -87,7 +90,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
 	for who in $order; do
 		for qd in 32 1; do
 			fio --name=randread --filename="${dev[$who]}" --direct=1 --ioengine=libaio --rw=randread --bs=4k \
-				--iodepth="$qd" --norandommap --randrepeat=0 --time_based --runtime="$RUNTIME" --ramp_time=1 \
+				--iodepth="$qd" --norandommap --randrepeat=0 --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" \
 				--output-format=json --output="$LAB_OUT/r$r-$who-qd$qd.json"
 		done
 	done
@@ -123,7 +126,7 @@ func MeasureGuestNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cf
 		Env: map[string]string{
 			"TARGET": tgtBin, "SIZE": fmt.Sprint(cfg.NamespaceSize), "MEMORY": fmt.Sprint(2 * cfg.NamespaceSize),
 			"KNQN": "nqn.2026-11.io.nprdma:bench-nvmet", "ONQN": "nqn.2026-11.io.nprdma:bench-ours",
-			"ROUNDS": fmt.Sprint(cfg.Rounds), "RUNTIME": fmt.Sprint(int(cfg.Runtime / time.Second)),
+			"ROUNDS": fmt.Sprint(cfg.Rounds), "RUNTIME": bench.FioTime(cfg.Runtime), "RAMP": bench.FioTime(cfg.Ramp),
 		},
 		// Boot, two 256 MiB reads and 4 runs of Runtime+1 s per round,
 		// with room for TCG on a loaded machine.
