@@ -126,17 +126,27 @@ type e2eResult struct {
 // e2eRig is everything the experiment started; close tears it down in
 // reverse order.
 type e2eRig struct {
-	closers []func() error
-	notes   []string
+	// tgtBin and iniBin are the commands the experiment runs.
+	tgtBin, iniBin string
+	closers        []func() error
+	notes          []string
 }
 
 // onClose registers a teardown step.
 func (r *e2eRig) onClose(f func() error) { r.closers = append(r.closers, f) }
 
-// newE2ERig starts the rig of experiment name: a scratch directory under
-// dir (default env's), removed when the rig closes, and the directory of
-// its raw outputs.
-func newE2ERig(env *bench.Env, name, dir string) (rig *e2eRig, work, rawDir string, err error) {
+// newE2ERig starts the rig of experiment name, which compares ours with
+// nbdkit through fio: the peers (installed if allowed), the nprdma
+// commands, a scratch directory under dir (default env's), removed when the
+// rig closes, and the directory of its raw outputs.
+func newE2ERig(ctx context.Context, env *bench.Env, bins *Binaries, name, dir string) (rig *e2eRig, work, rawDir string, err error) {
+	if _, err := env.Tools.Require(ctx, "fio", "nbdkit", "nbdcopy"); err != nil {
+		return nil, "", "", err
+	}
+	rig = &e2eRig{}
+	if rig.tgtBin, rig.iniBin, err = bins.Resolve(ctx, env); err != nil {
+		return nil, "", "", err
+	}
 	if dir == "" {
 		dir = env.ScratchDir
 	}
@@ -147,7 +157,6 @@ func newE2ERig(env *bench.Env, name, dir string) (rig *e2eRig, work, rawDir stri
 		os.RemoveAll(work)
 		return nil, "", "", err
 	}
-	rig = &e2eRig{}
 	rig.onClose(func() error { return os.RemoveAll(work) })
 	return rig, work, rawDir, nil
 }
@@ -176,21 +185,15 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 	if cfg.Rounds < 1 || cfg.QD < 2 || cfg.Runtime <= 0 || cfg.SSDMemory >= cfg.SSDSize {
 		return nil, fmt.Errorf("e2e-fio: bad config: rounds %d, qd %d, runtime %v, SSD memory %d of %d", cfg.Rounds, cfg.QD, cfg.Runtime, cfg.SSDMemory, cfg.SSDSize)
 	}
-	if _, err := env.Tools.Require(ctx, "fio", "nbdkit", "nbdcopy"); err != nil {
-		return nil, err
-	}
 	if cfg.Loop {
 		// nbdfuse ships with nbdcopy; without it only the loop cases go.
 		env.Tools.Require(ctx, "nbdfuse", "losetup")
 	}
-	tgtBin, iniBin, err := bins.Resolve(ctx, env)
+	rig, work, rawDir, err := newE2ERig(ctx, env, bins, E2EName, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	rig, work, rawDir, err := newE2ERig(env, E2EName, cfg.Dir)
-	if err != nil {
-		return nil, err
-	}
+	tgtBin, iniBin := rig.tgtBin, rig.iniBin
 	defer rig.closeInto(E2EName, &err)
 	log := env.Logger()
 	qd := strconv.Itoa(cfg.QD)

@@ -69,17 +69,11 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	if cfg.Rounds < 1 || cfg.QD < 2 || cfg.Runtime <= 0 || cfg.Size < 16<<20 {
 		return nil, fmt.Errorf("nvme-tcp: bad config: rounds %d, qd %d, runtime %v, size %d", cfg.Rounds, cfg.QD, cfg.Runtime, cfg.Size)
 	}
-	if _, err := env.Tools.Require(ctx, "fio", "nbdkit", "nbdcopy"); err != nil {
-		return nil, err
-	}
-	tgtBin, iniBin, err := bins.Resolve(ctx, env)
+	rig, work, rawDir, err := newE2ERig(ctx, env, bins, NVMeTCPName, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	rig, work, rawDir, err := newE2ERig(env, NVMeTCPName, cfg.Dir)
-	if err != nil {
-		return nil, err
-	}
+	tgtBin, iniBin := rig.tgtBin, rig.iniBin
 	defer rig.closeInto(NVMeTCPName, &err)
 	log := env.Logger()
 

@@ -98,17 +98,11 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	if cfg.Rounds < 1 || cfg.QD < 2 || cfg.Runtime <= 0 || cfg.Samples < 10 {
 		return nil, fmt.Errorf("shm: bad config %+v", cfg)
 	}
-	if _, err := env.Tools.Require(ctx, "fio", "nbdkit", "nbdcopy"); err != nil {
-		return nil, err
-	}
-	tgtBin, iniBin, err := bins.Resolve(ctx, env)
+	rig, work, rawDir, err := newE2ERig(ctx, env, bins, SHMName, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	rig, work, rawDir, err := newE2ERig(env, SHMName, cfg.Dir)
-	if err != nil {
-		return nil, err
-	}
+	tgtBin, iniBin := rig.tgtBin, rig.iniBin
 	defer rig.closeInto(SHMName, &err)
 	log := env.Logger()
 
