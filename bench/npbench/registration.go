@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/nprdma/nprdma/bench"
@@ -182,14 +181,9 @@ func MeasureRegistration(ctx context.Context, env *bench.Env, cfg RegistrationCo
 	exp.AddParam("placement", placementParam())
 
 	const bound = 1000.0 // µs
-	med := func(xs []float64) float64 {
-		s := slices.Clone(xs)
-		slices.Sort(s)
-		return s[len(s)/2]
-	}
 	for _, size := range cfg.Unpinned {
 		name := "unpinned " + bench.FormatBytes(size) + " (swap.New + RegisterUnpinned)"
-		f := bench.NewFigure(name, med(total(size)), "µs", "1 ms", bound).
+		f := bench.NewFigure(name, bench.Median(total(size)), "µs", "1 ms", bound).
 			WithNotes(fmt.Sprintf("swap.New %s µs; RegisterUnpinned %s µs (per round)", bench.RoundList(create[size]), bench.RoundList(register[size])))
 		if size >= 1<<30 {
 			f = f.WithGoal(UnpinnedGoal)
@@ -205,32 +199,32 @@ func MeasureRegistration(ctx context.Context, env *bench.Env, cfg RegistrationCo
 	if len(flat) >= 2 {
 		slowest, fastest := flat[0], flat[0]
 		for _, s := range flat {
-			if med(total(s)) > med(total(slowest)) {
+			if bench.Median(total(s)) > bench.Median(total(slowest)) {
 				slowest = s
 			}
-			if med(total(s)) < med(total(fastest)) {
+			if bench.Median(total(s)) < bench.Median(total(fastest)) {
 				fastest = s
 			}
 		}
-		exp.Add(bench.NewFigure("slowest of "+sizeList(flat)+" unpinned ("+bench.FormatBytes(slowest)+")", med(total(slowest)), "µs",
-			"fastest ("+bench.FormatBytes(fastest)+")", med(total(fastest))).WithGoal(FlatGoal))
+		exp.Add(bench.NewFigure("slowest of "+sizeList(flat)+" unpinned ("+bench.FormatBytes(slowest)+")", bench.Median(total(slowest)), "µs",
+			"fastest ("+bench.FormatBytes(fastest)+")", bench.Median(total(fastest))).WithGoal(FlatGoal))
 	}
 	for _, size := range cfg.Pinned {
 		if len(create[size]) == 0 {
 			continue
 		}
-		exp.Add(bench.NewFigure("pinned "+bench.FormatBytes(size)+" (Register, mlock)", med(pinned[size]), "µs",
-			"unpinned "+bench.FormatBytes(size), med(total(size))).WithNotes("per round: " + bench.RoundList(pinned[size]) + " µs"))
+		exp.Add(bench.NewFigure("pinned "+bench.FormatBytes(size)+" (Register, mlock)", bench.Median(pinned[size]), "µs",
+			"unpinned "+bench.FormatBytes(size), bench.Median(total(size))).WithNotes("per round: " + bench.RoundList(pinned[size]) + " µs"))
 	}
 
 	gib := func(b int64) float64 { return float64(b) / (1 << 30) }
 	var ptsTotal, ptsReg, ptsPinned []bench.Point
 	for _, s := range cfg.Unpinned {
-		ptsTotal = append(ptsTotal, bench.Point{X: gib(s), Y: med(total(s))})
-		ptsReg = append(ptsReg, bench.Point{X: gib(s), Y: med(register[s])})
+		ptsTotal = append(ptsTotal, bench.Point{X: gib(s), Y: bench.Median(total(s))})
+		ptsReg = append(ptsReg, bench.Point{X: gib(s), Y: bench.Median(register[s])})
 	}
 	for _, s := range cfg.Pinned {
-		ptsPinned = append(ptsPinned, bench.Point{X: gib(s), Y: med(pinned[s])})
+		ptsPinned = append(ptsPinned, bench.Point{X: gib(s), Y: bench.Median(pinned[s])})
 	}
 	exp.AddSeries(bench.Series{Name: "unpinned-total", Label: "unpinned: swap.New + RegisterUnpinned", XUnit: "GiB", YUnit: "µs", Points: ptsTotal})
 	exp.AddSeries(bench.Series{Name: "unpinned-register", Label: "unpinned: RegisterUnpinned alone", XUnit: "GiB", YUnit: "µs", Points: ptsReg})
