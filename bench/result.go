@@ -130,8 +130,11 @@ type Figure struct {
 	// (see Notes).
 	Ratio float64 `json:"ratio"`
 	// RoundRatios are the per-round ratios, in round order, when the figure
-	// was measured in rounds (see RoundsFigure).
+	// was measured in rounds (see RoundsFigure); RatioMin and RatioMax are
+	// their smallest and largest, for readers of the JSON.
 	RoundRatios []float64 `json:"round_ratios,omitempty"`
+	RatioMin    float64   `json:"ratio_min,omitempty"`
+	RatioMax    float64   `json:"ratio_max,omitempty"`
 	Goal        *Goal     `json:"goal,omitempty"`
 	// Met is the verdict on Ratio; in a suite's results it is set only for
 	// a figure with a goal measured in at least MinRounds rounds.

@@ -39,6 +39,7 @@ func RoundsFigure(name, unit, baseline string, values, baselines []float64) Figu
 		return f
 	}
 	f.Ratio = Median(f.RoundRatios)
+	f.RatioMin, f.RatioMax = slices.Min(f.RoundRatios), slices.Max(f.RoundRatios)
 	return f
 }
 
