@@ -134,9 +134,11 @@ func (s *RSSSampler) Stop() (RSSReport, error) {
 	return r, nil
 }
 
-// Child is a process an experiment started: nprdma-target, nprdma-initiator
-// attach, nbdkit, nbdfuse; the bench's one way to run a server it measures. Only its own PID is ever signalled. It dies with the
-// bench (PR_SET_PDEATHSIG), so an interrupted run leaves nothing behind.
+// Child is a process an experiment started (nprdma-target,
+// nprdma-initiator attach, nbdkit, nbdfuse, the swap-rss child): the
+// bench's one way to run a process it measures or measures against. Only
+// its own PID is ever signalled. It dies with the bench (PR_SET_PDEATHSIG),
+// so an interrupted run leaves nothing behind.
 type Child struct {
 	// Name names the process in errors.
 	Name string
