@@ -336,33 +336,18 @@ func MeasureRSS(ctx context.Context, backingPath string, budget int64, ratio int
 	// Return what earlier work left on the heap, so that the baseline is the
 	// process itself rather than its history.
 	debug.FreeOSMemory()
-	base, err := vmRSS()
+	base, err := bench.ReadMemStatus(0)
 	if err != nil {
 		return res, err
 	}
-	res.BaselineBytes = base
+	res.BaselineBytes = base.RSS
 	pages := int(int64(ratio) * budget / pageSize)
 	r, cleanup, err := regionOverNewFile(backingPath, pages, swap.WithBudget(budget))
 	if err != nil {
 		return res, err
 	}
 	defer cleanup()
-	var peak atomic.Int64
-	stop := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			if v, err := vmRSS(); err == nil && v > peak.Load() {
-				peak.Store(v)
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	}()
+	rss := bench.StartRSSSampler(0, 5*time.Millisecond)
 	err = runFor(ctx, duration, 2, func(rng *rand.Rand, buf []byte) error {
 		off := int64(rng.IntN(pages)) * pageSize
 		if rng.IntN(2) == 0 {
@@ -373,35 +358,7 @@ func MeasureRSS(ctx context.Context, backingPath string, budget int64, ratio int
 		_, err := r.WriteAt(buf, off)
 		return err
 	})
-	close(stop)
-	<-sampled
-	res.PeakRSSBytes = peak.Load()
-	return res, err
-}
-
-// vmRSS reads this process's resident set size.
-func vmRSS() (int64, error) {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range splitLines(b) {
-		var kb int64
-		if n, _ := fmt.Sscanf(line, "VmRSS: %d kB", &kb); n == 1 {
-			return kb << 10, nil
-		}
-	}
-	return 0, errors.New("no VmRSS in /proc/self/status")
-}
-
-func splitLines(b []byte) []string {
-	var out []string
-	start := 0
-	for i, c := range b {
-		if c == '\n' {
-			out = append(out, string(b[start:i]))
-			start = i + 1
-		}
-	}
-	return out
+	rep, rerr := rss.Stop()
+	res.PeakRSSBytes = rep.PeakRSS
+	return res, errors.Join(err, rerr)
 }
