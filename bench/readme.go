@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 )
@@ -15,101 +16,77 @@ const (
 )
 
 // StandingTable renders the README's one-screen summary of a run: one row
-// per goal of each experiment. Figures judged against the same goal (a
-// policy's six mixes, registration's sizes) share a row that shows the worst
-// of them; the row is met only when all of them are. reportRel is the
-// report's path relative to the README, for the links.
+// per experiment. The row names the experiment's figure furthest from its
+// goal (by its median ratio against the threshold), that figure's median
+// and min–max, and how many of the experiment's goals are met (a goal that
+// several figures are judged against, such as a policy's six mixes, is met
+// when all of them are). reportRel is the report's path relative to the
+// README, for the links.
 func StandingTable(run *Run, reportRel string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| experiment | goal (worst figure against its baseline) | median ratio | min–max | met |\n|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| experiment | furthest from its goal | median ratio | min–max | goals met |\n|---|---|---|---|---|\n")
 	for _, e := range run.Experiments {
 		link := fmt.Sprintf("[%s](%s#%s)", e.Name, reportRel, anchor(e))
 		switch e.Status {
 		case StatusPending, StatusNotRun:
 			fmt.Fprintf(&b, "| %s | %s | — | — | %s |\n", link, cell(strings.Join(orNone(e.Goals), "; ")), e.Status)
 			continue
+		case StatusFailed:
+			fmt.Fprintf(&b, "| %s | %s | — | — | failed |\n", link, cell(shorten(e.Error, 100)))
+			continue
 		}
-		rows := 0
-		for _, g := range goalGroups(e) {
-			w := g.worst
-			name := w.Name
-			if g.n > 1 {
-				name = fmt.Sprintf("worst of %d: %s", g.n, w.Name)
+		var worst *Figure
+		goals, met, judged := map[string]bool{}, map[string]bool{}, true
+		for i := range e.Figures {
+			f := &e.Figures[i]
+			if f.Goal == nil {
+				continue
 			}
-			if !strings.Contains(w.Name, " vs ") {
-				name += " vs " + w.Baseline
+			if _, seen := goals[f.Goal.Text]; !seen {
+				goals[f.Goal.Text], met[f.Goal.Text] = true, true
 			}
-			fmt.Fprintf(&b, "| %s | %s, %s | %s | %s | %s |\n", link, cell(name),
-				strings.TrimPrefix(w.Goal.Expression(), "ratio "), formatRatio(w), formatRange(w), g.verdict)
-			rows++
+			judged = judged && f.Judged()
+			if f.Met == nil || !*f.Met {
+				met[f.Goal.Text] = false
+			}
+			if worst == nil || margin(*f) > margin(*worst) {
+				worst = f
+			}
 		}
-		if e.Status == StatusFailed {
-			fmt.Fprintf(&b, "| %s | %s | — | — | failed |\n", link, cell(strings.Join(orNone(e.Goals), "; ")))
-		} else if rows == 0 {
+		if worst == nil {
 			fmt.Fprintf(&b, "| %s | (no goal: informational) | — | — | — |\n", link)
+			continue
 		}
+		n := 0
+		for _, ok := range met {
+			if ok {
+				n++
+			}
+		}
+		verdict := fmt.Sprintf("%s %d of %d", map[bool]string{true: "✔", false: "✘"}[n == len(goals)], n, len(goals))
+		if !judged {
+			verdict = fmt.Sprintf("not judged (%d of %d rounds)", worst.Rounds(), MinRounds)
+		}
+		name := worst.Name
+		if !strings.Contains(name, " vs ") {
+			name += " vs " + worst.Baseline
+		}
+		fmt.Fprintf(&b, "| %s | %s, %s | %s | %s | %s |\n", link, cell(name),
+			strings.TrimPrefix(worst.Goal.Expression(), "ratio "), formatRatio(*worst), formatRange(*worst), verdict)
 	}
 	return b.String()
 }
 
-type goalGroup struct {
-	text    string
-	n       int
-	worst   Figure
-	verdict string
-}
-
-// goalGroups groups an experiment's goal figures by goal text, in order of
-// first appearance, keeping the figure furthest from its goal's side.
-func goalGroups(e *Experiment) []goalGroup {
-	var groups []goalGroup
-	for _, f := range e.Figures {
-		if f.Goal == nil {
-			continue
-		}
-		i := 0
-		for i < len(groups) && groups[i].text != f.Goal.Text {
-			i++
-		}
-		if i == len(groups) {
-			groups = append(groups, goalGroup{text: f.Goal.Text, worst: f})
-		}
-		g := &groups[i]
-		g.n++
-		if worse(f, g.worst) {
-			g.worst = f
-		}
+// margin is how far a figure's median ratio is on the wrong side of its
+// goal's threshold, as a factor (above 1: not met); no ratio is the worst.
+func margin(f Figure) float64 {
+	switch {
+	case f.BaselineValue == 0 || f.Ratio <= 0 || f.Goal.Threshold <= 0:
+		return math.Inf(1)
+	case f.Goal.Op == AtLeast:
+		return f.Goal.Threshold / f.Ratio
 	}
-	for i := range groups {
-		g := &groups[i]
-		g.verdict = "✔"
-		for _, f := range e.Figures {
-			if f.Goal == nil || f.Goal.Text != g.text {
-				continue
-			}
-			switch {
-			case !f.Judged():
-				g.verdict = fmt.Sprintf("not judged (%d of %d rounds)", f.Rounds(), MinRounds)
-			case (f.Met == nil || !*f.Met) && g.verdict == "✔":
-				g.verdict = "✘"
-			}
-		}
-	}
-	return groups
-}
-
-// worse reports whether a is further on the wrong side of its goal than b.
-func worse(a, b Figure) bool {
-	if a.BaselineValue == 0 {
-		return b.BaselineValue != 0
-	}
-	if b.BaselineValue == 0 {
-		return false
-	}
-	if a.Goal.Op == AtLeast {
-		return a.Ratio < b.Ratio
-	}
-	return a.Ratio > b.Ratio
+	return f.Ratio / f.Goal.Threshold
 }
 
 // UpdateStandingTable replaces what lies between TableBegin and TableEnd in
