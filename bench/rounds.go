@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // MinRounds is the fewest rounds a goal is judged on. One run of a
@@ -127,6 +128,7 @@ func mergeRounds(rounds []*Experiment) *Experiment {
 			}
 		}
 	}
+	var partial []string
 	for _, name := range names {
 		var values, baselines []float64
 		var proto *Figure
@@ -147,7 +149,13 @@ func mergeRounds(rounds []*Experiment) *Experiment {
 			f = f.WithNotes(proto.Notes)
 		}
 		out.Figures = append(out.Figures, f)
+		if len(values) < len(rounds) {
+			partial = append(partial, fmt.Sprintf("%q (%d)", name, len(values)))
+		}
 	}
 	out.Notes = append(slices.Clone(base.Notes), fmt.Sprintf("Every figure is the median of %d rounds, each measuring the subject next to its baseline; plots, parameters and the notes above are from round %d, the round of the median ratio of the first goal.", len(rounds), baseIdx+1))
+	if len(partial) > 0 {
+		out.Note("Figures missing from some rounds (rounds that have them in brackets): %s.", strings.Join(partial, ", "))
+	}
 	return &out
 }

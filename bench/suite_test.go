@@ -126,6 +126,9 @@ func TestRoundsJudgedOnMedian(t *testing.T) {
 		e.Note("round %d", round+1)
 		e.Add(NewFigure("p50", values[round], "µs", "base", 100).WithGoal(goal))
 		e.Add(NewFigure("info", 1, "", "base", 2))
+		if round == 0 {
+			e.Add(NewFigure("once", 1, "", "base", 2))
+		}
 		round++
 		return e, nil
 	}}
@@ -146,7 +149,7 @@ func TestRoundsJudgedOnMedian(t *testing.T) {
 		t.Fatalf("verdict on the median 1.2 against ≤ 1.1 must be not met: %v", f.Met)
 	}
 	// The plots and notes come from the median round (the third, ratio 1.2).
-	if e.Notes[0] != "round 3" || !strings.Contains(e.Notes[1], "from round 3") {
+	if e.Notes[0] != "round 3" || !strings.Contains(e.Notes[1], "from round 3") || !strings.Contains(e.Notes[2], `"once" (1)`) {
 		t.Fatalf("notes %q", e.Notes)
 	}
 
