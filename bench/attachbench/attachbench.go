@@ -128,7 +128,7 @@ func Measure(ctx context.Context, env *bench.Env, repo string, cfg Config) (*ben
 		Modules: []string{"ublk_drv", "nbd", "loop", "fuse"},
 		Env: map[string]string{"MEMSERVE": memserve, "ROUNDS": fmt.Sprint(cfg.Rounds), "SIZE": fmt.Sprint(cfg.Size),
 			"RUNTIME": bench.FioTime(cfg.Runtime), "RAMP": bench.FioTime(cfg.Ramp)},
-		Timeout: time.Duration(cfg.Rounds)*8*(cfg.Runtime+2*time.Second) + 3*time.Minute,
+		Timeout: time.Duration(cfg.Rounds)*8*(cfg.Runtime+cfg.Ramp+5*time.Second) + 3*time.Minute,
 		Script:  script,
 	})
 	if err != nil {
