@@ -254,11 +254,15 @@ func summarize(r *bench.Run) {
 					continue
 				}
 				mark := "MET"
-				if f.Met == nil || !*f.Met {
+				switch {
+				case !f.Judged():
+					mark = fmt.Sprintf("not judged (%d of %d rounds)", f.Rounds(), bench.MinRounds)
+				case f.Met == nil || !*f.Met:
 					mark = "NOT MET"
 				}
-				fmt.Printf("%-13s   %s: %.3g %s vs %.3g %s (%s) ratio %.2f, goal %s: %s\n", "", f.Name, f.Value, f.Unit,
-					f.BaselineValue, f.Unit, f.Baseline, f.Ratio, f.Goal.Expression(), mark)
+				lo, hi := f.RatioRange()
+				fmt.Printf("%-13s   %s: %.3g %s vs %.3g %s (%s) median ratio %.2f (%.2f–%.2f over %d rounds), goal %s: %s\n", "", f.Name, f.Value, f.Unit,
+					f.BaselineValue, f.Unit, f.Baseline, f.Ratio, lo, hi, f.Rounds(), f.Goal.Expression(), mark)
 			}
 		default:
 			fmt.Printf("%-13s %s\n", e.Name, e.Status)
