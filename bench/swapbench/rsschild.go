@@ -19,6 +19,9 @@ import (
 // rssChildEnv carries the child's parameters (JSON rssChildArgs).
 const rssChildEnv = "NPRDMA_BENCH_RSS_CHILD"
 
+// inRSSChild is set in the measuring child, which exits after measuring.
+var inRSSChild bool
+
 type rssChildArgs struct {
 	Path     string
 	Budget   int64
@@ -39,6 +42,7 @@ func RunRSSChildIfAsked() {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", rssChildEnv, err)
 		os.Exit(2)
 	}
+	inRSSChild = true
 	res, err := MeasureRSS(context.Background(), a.Path, a.Budget, a.Ratio, a.Duration)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "swap-rss child:", err)
@@ -61,6 +65,7 @@ func MeasureRSSInChild(ctx context.Context, path string, budget int64, ratio int
 	if err != nil {
 		return RSSResult{}, err
 	}
+	defer os.Remove(path) // the child leaves its backing file behind
 	if started != nil {
 		started(child.PID())
 	}
