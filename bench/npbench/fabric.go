@@ -83,9 +83,9 @@ type FabricConfig struct {
 // DefaultFabricConfig returns the sizes for a mode.
 func DefaultFabricConfig(m bench.Mode) FabricConfig {
 	return FabricConfig{
-		Samples:          bench.ByMode(m, 3000, 20000),
-		Rounds:           bench.ByMode(m, 2, 8),
-		Depths:           []int{1, 2, 4, 8, 16, 32},
+		Samples: bench.ByMode(m, 3000, 20000),
+		Rounds:  bench.ByMode(m, 2, 8),
+		Depths:  []int{1, 2, 4, 8, 16, 32},
 		// The goal is on 128 KiB; 4 KiB streams are reported in full mode.
 		Sizes:            bench.ByMode(m, []int{128 << 10}, []int{4 << 10, 128 << 10}),
 		Run:              bench.ByMode(m, 100*time.Millisecond, 250*time.Millisecond),

@@ -210,7 +210,7 @@ func MeasureRegistration(ctx context.Context, env *bench.Env, cfg RegistrationCo
 		// suite can merge the figure over rounds; the sizes are in the notes.
 		exp.Add(bench.NewFigure("slowest of "+sizeList(flat)+" unpinned vs the fastest", bench.Median(total(slowest)), "µs",
 			"fastest", bench.Median(total(fastest))).WithGoal(FlatGoal).
-			WithNotes("slowest "+bench.FormatBytes(slowest)+", fastest "+bench.FormatBytes(fastest)))
+			WithNotes("slowest " + bench.FormatBytes(slowest) + ", fastest " + bench.FormatBytes(fastest)))
 	}
 	for _, size := range cfg.Pinned {
 		if len(create[size]) == 0 {
