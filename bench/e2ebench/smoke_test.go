@@ -79,7 +79,7 @@ func seriesY(t *testing.T, e *bench.Experiment, name string, x float64) float64 
 func TestCapacitySmoke(t *testing.T) {
 	env, bins := smokeEnv(t)
 	cfg := CapacityConfig{Budget: 16 << 20, Ratios: []int{1, 2}, Warmup: 300 * time.Millisecond, MaxWarmup: 2 * time.Second,
-		WarmupQD: 4, Runtime: 400 * time.Millisecond, ColdReads: 50}
+		WarmupQD: 4, Runtime: 400 * time.Millisecond, ColdReads: 50, Workloads: capacityWorkloads}
 	exp, err := MeasureCapacity(context.Background(), env, bins, cfg)
 	if err != nil {
 		t.Fatal(err)
