@@ -3,6 +3,7 @@ module github.com/nprdma/nprdma
 go 1.26.0
 
 require (
+	filippo.io/bigmod v0.1.0
 	github.com/container-storage-interface/spec v1.13.0
 	github.com/dgraph-io/badger/v4 v4.9.6
 	github.com/hanwen/go-fuse/v2 v2.12.1

@@ -75,6 +75,7 @@ type config struct {
 	qpTimeout      time.Duration
 	busyPoll       time.Duration
 	oneSided       bool
+	auth           hostAuth
 	log            *slog.Logger
 	reg            prometheus.Registerer
 }
@@ -158,6 +159,9 @@ func newConfig(opts []Option) (config, error) {
 	}
 	if err := nvme.ValidateNQN(cfg.hostNQN); err != nil {
 		return cfg, fmt.Errorf("initiator: host NQN %q: %w", cfg.hostNQN, err)
+	}
+	if err := cfg.auth.check(); err != nil {
+		return cfg, err
 	}
 	if cfg.ioQueues < 1 {
 		cfg.ioQueues = 1
@@ -376,14 +380,17 @@ func (c *Controller) dialQueue(ctx context.Context, qc queueConfig) (hostQueue, 
 
 // connectQueue sends Fabrics Connect for I/O queue q of controller cntlid.
 func (c *Controller) connectQueue(ctx context.Context, q hostQueue, cntlid uint16) error {
-	return connectQueue(ctx, q, c.connectData(c.subNQN, cntlid), 0, nil)
+	return connectQueue(ctx, q, c.connectData(c.subNQN, cntlid), 0, nil, c.cfg.auth)
 }
 
 func (c *Controller) connectData(subNQN string, cntlid uint16) nvme.ConnectData {
 	return nvme.ConnectData{HostID: c.cfg.hostID, CNTLID: cntlid, SubNQN: subNQN, HostNQN: c.cfg.hostNQN}
 }
 
-func connectQueue(ctx context.Context, q hostQueue, data nvme.ConnectData, kato time.Duration, gotCNTLID *uint16) error {
+// connectQueue sends Fabrics Connect on q for data and authenticates the
+// queue with auth when the controller asks (or auth must make it prove
+// itself).
+func connectQueue(ctx context.Context, q hostQueue, data nvme.ConnectData, kato time.Duration, gotCNTLID *uint16, auth hostAuth) error {
 	subNQN, hostNQN := data.SubNQN, data.HostNQN
 	raw, err := data.Marshal()
 	if err != nil {
@@ -404,10 +411,11 @@ func connectQueue(ctx context.Context, q hostQueue, data nvme.ConnectData, kato 
 		}
 		return fmt.Errorf("initiator: connect queue %d to %s: %w", q.QID(), subNQN, err)
 	}
+	resp := nvme.DecodeConnectResponse(cqe.DW0)
 	if gotCNTLID != nil {
-		*gotCNTLID = nvme.DecodeConnectResponse(cqe.DW0).CNTLID
+		*gotCNTLID = resp.CNTLID
 	}
-	return nil
+	return auth.authenticate(ctx, q, data, resp.AuthRequired)
 }
 
 // connectAdmin dials and connects an admin queue to subNQN, enables the
@@ -421,7 +429,7 @@ func (c *Controller) connectAdmin(ctx context.Context, subNQN string, kato time.
 	s := &session{c: c, admin: q, gen: c.gens.Add(1), failed: make(chan struct{}), regions: map[uint32]*regionInfo{}}
 	data := c.connectData(subNQN, nvme.DynamicControllerID)
 	data.Replaces = replaces
-	if err := connectQueue(ctx, q, data, kato, &s.cntlid); err != nil {
+	if err := connectQueue(ctx, q, data, kato, &s.cntlid, c.cfg.auth); err != nil {
 		q.Close()
 		return nil, err
 	}
@@ -654,8 +662,8 @@ func (c *Controller) reconnect(old *session) {
 		}
 		lastErr = err
 		c.cfg.log.Debug("initiator: reconnect failed", "subsystem", c.subNQN, "attempt", attempt, "err", err)
-		if errors.Is(err, ErrHostNotAllowed) {
-			break // access was revoked: retrying cannot help
+		if errors.Is(err, ErrHostNotAllowed) || authFailure(err) {
+			break // access was revoked or the secrets do not match: retrying cannot help
 		}
 		select {
 		case <-c.stop:
@@ -667,8 +675,11 @@ func (c *Controller) reconnect(old *session) {
 	// The causes are text, not wrapped: a lost controller's error must not
 	// match nvme.ErrQueueFailed, which callers retry.
 	why := fmt.Sprintf("not reconnected within %v", c.cfg.lossTimeout)
-	if errors.Is(lastErr, ErrHostNotAllowed) {
+	switch {
+	case errors.Is(lastErr, ErrHostNotAllowed):
 		why = "the target refused this host on reconnect"
+	case authFailure(lastErr):
+		why = "authentication failed on reconnect"
 	}
 	if old.failErr != nil {
 		why += fmt.Sprintf("; the connection was lost: %v", old.failErr)

@@ -2,7 +2,8 @@
 // submission queue entries (Command), 16-byte completions, status codes,
 // SGL descriptors, Identify structures, log pages, features, the Fabrics
 // commands (Connect, Property Get/Set), the NVMe-oF RDMA CM private data and
-// the NP vendor extension (region descriptor, advise).
+// the NP vendor extension (region descriptor, advise), and the
+// Authentication Send/Receive commands that carry nvme/dhchap messages.
 //
 // Every multi-byte field is little-endian and every structure is encoded by
 // explicit byte offsets (no unsafe casts), so the layouts are easy to check

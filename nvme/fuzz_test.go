@@ -58,6 +58,7 @@ func FuzzCapsule(f *testing.F) {
 		// Accessors the controller calls on an accepted command.
 		_ = c.Name(true) + c.Name(false)
 		_, _ = c.Property()
+		_, _ = c.CheckAuth(8192)
 		_ = c.Connect()
 		_ = c.GetLogPage().Length()
 		_ = c.Features()

@@ -22,6 +22,7 @@ type queueConn struct {
 	port  *port
 	admin bool
 	ctrl  atomic.Pointer[controller]
+	auth  queueAuth // in-band authentication (auth.go)
 
 	// The queue's workers (see handle). idle counts the workers parked on
 	// work or about to be, less the commands waiting in work.
@@ -64,14 +65,6 @@ func (qc *queueConn) watch() {
 		} else {
 			c.dropIOQueue(qc)
 		}
-	}
-}
-
-// setAccessTag tags the queue with its controller's access tag, on a
-// binding that lets hosts read regions one-sidedly.
-func (qc *queueConn) setAccessTag(tag uint64) {
-	if e, ok := qc.q.(RegionExporter); ok {
-		e.SetAccessTag(tag)
 	}
 }
 
@@ -181,6 +174,9 @@ func (qc *queueConn) execute(w *worker, r Request) (string, result) {
 	}
 	if cmd.IsFabrics() && cmd.FabricsType() == nvme.FabricsConnect {
 		return name, result{err: nvme.Errorf(nvme.StatusInvalidOpcode.WithDNR(), "queue %d is connected already", qc.q.QID())}
+	}
+	if res, done := qc.authGate(c, r); done {
+		return name, res
 	}
 	if qc.admin {
 		return name, c.admin(r)
@@ -310,13 +306,13 @@ func (qc *queueConn) connectAdmin(p nvme.ConnectParams, d nvme.ConnectData, sub 
 		t.replace(c, d.Replaces)
 		t.fenceLost(sub, d.HostNQN)
 	}
-	qc.setAccessTag(c.tag)
+	atr := qc.requireAuth(c)
 	qc.ctrl.Store(c)
 	c.mu.Lock()
 	c.armKeepAliveLocked()
 	c.mu.Unlock()
 	t.log.Info("target: controller created", "cntlid", c.id, "subsystem", c.subNQN(), "host", c.hostNQN,
-		"from", qc.q.RemoteAddr(), "kato", kato)
+		"from", qc.q.RemoteAddr(), "kato", kato, "authenticate", atr)
 	// The host may have gone already (its queue pair failed before we bound
 	// the queue to the controller): then nothing else would tear it down.
 	select {
@@ -324,7 +320,7 @@ func (qc *queueConn) connectAdmin(p nvme.ConnectParams, d nvme.ConnectData, sub 
 		c.teardown("admin queue lost during connect")
 	default:
 	}
-	return result{dw0: nvme.ConnectResponse{CNTLID: c.id}.DW0()}
+	return result{dw0: nvme.ConnectResponse{CNTLID: c.id, AuthRequired: atr}.DW0()}
 }
 
 func (qc *queueConn) connectIO(p nvme.ConnectParams, d nvme.ConnectData, sub *Subsystem) result {
@@ -349,9 +345,9 @@ func (qc *queueConn) connectIO(p nvme.ConnectParams, d nvme.ConnectData, sub *Su
 		return result{err: nvme.Errorf(nvme.StatusCommandSequenceError.WithDNR(), "queue %d of controller %d is connected already", p.QID, c.id)}
 	}
 	c.ioQueues[p.QID] = qc
-	qc.setAccessTag(c.tag)
+	atr := qc.requireAuth(c)
 	qc.ctrl.Store(c)
-	return result{dw0: nvme.ConnectResponse{CNTLID: c.id}.DW0()}
+	return result{dw0: nvme.ConnectResponse{CNTLID: c.id, AuthRequired: atr}.DW0()}
 }
 
 // replace stops the controller ref names if the host of c gave it up

@@ -229,9 +229,12 @@ func describe(ctrls []*controller) string {
 type HostConfig struct {
 	// NQN is the host's NQN.
 	NQN string
-	// DHCHAPKeyFile names a file holding the host's DH-HMAC-CHAP secret.
-	// This target does not authenticate hosts yet: a key file is refused
-	// (ErrInvalid), never ignored. Authentication fills this in.
+	// DHCHAPKeyFile names a file holding the host's DH-HMAC-CHAP secret
+	// (default "": none): the host must then authenticate on every queue
+	// with it. An absolute path the target reads (owner-only, as for
+	// --dhchap-secret-file), recorded with the host; the secret itself is
+	// never recorded. A host the configuration gives a secret is refused
+	// one here (ErrConfigured).
 	DHCHAPKeyFile string
 }
 
@@ -247,16 +250,26 @@ func (t *Target) AddHost(nqn string, h HostConfig) error {
 	if s == nil {
 		return fmt.Errorf("target: subsystem %s %w", nqn, ErrNotFound)
 	}
-	if h.DHCHAPKeyFile != "" {
-		return fmt.Errorf("target: subsystem %s host %s: %w: DH-HMAC-CHAP keys are not supported by this target", nqn, h.NQN, ErrInvalid)
-	}
 	if err := nvme.ValidateNQN(h.NQN); err != nil {
 		return fmt.Errorf("target: subsystem %s: host %q: %w: %v", nqn, h.NQN, ErrInvalid, err)
 	}
-	if err := s.AllowHost(h.NQN); err != nil {
+	var key *hostKey
+	if h.DHCHAPKeyFile != "" {
+		if t.cfg.keyring != nil {
+			if _, ok := t.cfg.keyring.DHCHAP(nqn, h.NQN); ok {
+				return fmt.Errorf("target: subsystem %s: host %s has a DH-HMAC-CHAP secret in the target's configuration (%w): change it there", nqn, h.NQN, ErrConfigured)
+			}
+		}
+		k, err := readHostKey(h.DHCHAPKeyFile)
+		if err != nil {
+			return fmt.Errorf("target: subsystem %s: host %s: %w: DH-HMAC-CHAP %v", nqn, h.NQN, ErrInvalid, err)
+		}
+		key = k
+	}
+	if err := s.allowHost(h.NQN, key); err != nil {
 		return err
 	}
-	t.log.Info("target: host allowed", "subsystem", nqn, "host", h.NQN)
+	t.log.Info("target: host allowed", "subsystem", nqn, "host", h.NQN, "dhchap", key != nil)
 	return nil
 }
 
@@ -280,7 +293,7 @@ func (t *Target) RemoveHost(nqn, host string) error {
 	}
 	s.recordMu.Lock()
 	s.mu.Lock()
-	listed := s.hosts[host]
+	listed, keys := s.hosts[host], s.keyPathsLocked()
 	s.mu.Unlock()
 	if !listed {
 		s.recordMu.Unlock()
@@ -292,12 +305,13 @@ func (t *Target) RemoveHost(nqn, host string) error {
 			rest = append(rest, h)
 		}
 	}
-	if err := s.record(rest); err != nil {
+	if err := s.record(rest, withKey(keys, host, nil)); err != nil {
 		s.recordMu.Unlock()
 		return fmt.Errorf("target: subsystem %s: removing host %s: %w", nqn, host, err)
 	}
 	s.mu.Lock()
 	delete(s.hosts, host)
+	delete(s.keys, host)
 	s.mu.Unlock()
 	s.recordMu.Unlock()
 	t.genCtr.Add(1)

@@ -548,8 +548,8 @@ func TestManageBadRequestsChangeNothing(t *testing.T) {
 		{"unknown host", func() error { return r.tg.RemoveHost(subNQN, "nqn.2026-11.io.nprdma:stranger") }, target.ErrNotFound, "allow-list"},
 		{"the configuration's host", func() error { return r.tg.RemoveHost(subNQN, hostNQN) }, target.ErrConfigured, "remove it there"},
 		{"bad host NQN", func() error { return r.tg.AddHost(subNQN, target.HostConfig{NQN: "host"}) }, target.ErrInvalid, "nqn."},
-		{"host key file", func() error {
-			return r.tg.AddHost(subNQN, target.HostConfig{NQN: "nqn.2026-11.io.nprdma:keyed", DHCHAPKeyFile: "/etc/key"})
+		{"missing host key file", func() error {
+			return r.tg.AddHost(subNQN, target.HostConfig{NQN: "nqn.2026-11.io.nprdma:keyed", DHCHAPKeyFile: filepath.Join(t.TempDir(), "none.key")})
 		}, target.ErrInvalid, "DH-HMAC-CHAP"},
 		{"shrink", func() error { _, err := r.tg.ResizeNamespace(subNQN, 1, 4096*16); return err }, target.ErrInvalid, "only grow"},
 		{"beyond the maximum size", func() error { _, err := r.tg.ResizeNamespace(subNQN, 1, 1<<40); return err }, target.ErrInvalid, "max size"},

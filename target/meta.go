@@ -81,11 +81,14 @@ func (e *MetadataError) Is(target error) bool { return target == ErrMetadataStor
 
 // subsystemRecord is what survives a restart of a subsystem.
 type subsystemRecord struct {
-	NQN          string    `json:"nqn"`
-	Serial       string    `json:"serial"`
-	Hosts        []string  `json:"hosts,omitempty"`
-	AllowAnyHost bool      `json:"allow_any_host"`
-	Created      time.Time `json:"created"`
+	NQN    string   `json:"nqn"`
+	Serial string   `json:"serial"`
+	Hosts  []string `json:"hosts,omitempty"`
+	// HostKeys names the DH-HMAC-CHAP key file of each host added through
+	// the management API with one (host NQN to path; never the secret).
+	HostKeys     map[string]string `json:"host_keys,omitempty"`
+	AllowAnyHost bool              `json:"allow_any_host"`
+	Created      time.Time         `json:"created"`
 	// Managed: created through the management API (kept under
 	// managedPrefix); restored at start unless the configuration names it.
 	Managed bool `json:"managed,omitempty"`

@@ -18,6 +18,7 @@ type metrics struct {
 	refused     prometheus.Counter
 	kaExpired   prometheus.Counter
 	replaced    prometheus.Counter
+	auths       *prometheus.CounterVec
 
 	// Fencing of failed queues (fence.go).
 	held         prometheus.Gauge
@@ -52,6 +53,10 @@ func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
 			Name: "nprdma_target_controllers_replaced_total",
 			Help: "Controllers torn down because their host connected a replacement naming them (their link failed silently).",
 		}),
+		auths: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nprdma_target_authentications_total",
+			Help: "DH-HMAC-CHAP transactions that ended, by result (success or failure).",
+		}, []string{"result"}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "nprdma_target_commands_held",
 			Help: "Commands waiting now for a command of their host's failed queue that still changes the same blocks.",
@@ -86,7 +91,7 @@ func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
 		return float64(t.meta.writeErrors.Load())
 	})
 	for _, c := range []prometheus.Collector{m.commands, m.latency, m.controllers, m.connections, m.refused, m.kaExpired,
-		m.replaced, m.held, m.heldTimeouts, m.fenceDropped, metaHealthy, metaErrors, nprdma.NewPrometheusCollector(t.dev, t.pool)} {
+		m.replaced, m.auths, m.held, m.heldTimeouts, m.fenceDropped, metaHealthy, metaErrors, nprdma.NewPrometheusCollector(t.dev, t.pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -45,6 +45,7 @@ type Subsystem struct {
 
 	mu       sync.Mutex
 	hosts    map[string]bool
+	keys     map[string]*hostKey // hosts with a key file of the management API (hostkeys.go)
 	allowAny bool
 	ns       map[uint32]*Namespace
 	stopped  bool // the target is stopping: no command acquires a namespace
@@ -71,7 +72,7 @@ func (t *Target) AddSubsystem(cfg SubsystemConfig) (*Subsystem, error) {
 			return nil, fmt.Errorf("target: subsystem %s: allowed host %q: %w", cfg.NQN, h, err)
 		}
 	}
-	s := &Subsystem{t: t, nqn: cfg.NQN, hosts: map[string]bool{}, allowAny: cfg.AllowAnyHost, ns: map[uint32]*Namespace{},
+	s := &Subsystem{t: t, nqn: cfg.NQN, hosts: map[string]bool{}, keys: map[string]*hostKey{}, allowAny: cfg.AllowAnyHost, ns: map[uint32]*Namespace{},
 		fences: map[string]*hostFence{}, managed: cfg.managed, configHosts: map[string]bool{}}
 	if !cfg.managed {
 		for _, h := range cfg.AllowHosts {
@@ -94,6 +95,7 @@ func (t *Target) AddSubsystem(cfg SubsystemConfig) (*Subsystem, error) {
 	for _, h := range rec.Hosts {
 		s.hosts[h] = true
 	}
+	s.restoreKeys(rec.HostKeys)
 	for _, h := range cfg.AllowHosts {
 		if !s.hosts[h] {
 			s.hosts[h] = true
@@ -160,30 +162,49 @@ func (s *Subsystem) Allows(host string) bool {
 // AllowHost adds host to the allow-list. With a data directory the new list
 // is recorded first: when that fails (the metadata store failed, an error
 // wrapping ErrMetadataStore) the host is not added.
-func (s *Subsystem) AllowHost(host string) error {
+func (s *Subsystem) AllowHost(host string) error { return s.allowHost(host, nil) }
+
+// allowHost adds host to the allow-list, with k its key file (nil: none).
+// A host allowed already keeps its key file unless k names another, which
+// replaces it; k naming the same file takes the secret just read.
+func (s *Subsystem) allowHost(host string, k *hostKey) error {
 	if err := nvme.ValidateNQN(host); err != nil {
 		return fmt.Errorf("target: subsystem %s: host %q: %w", s.nqn, host, err)
 	}
 	s.recordMu.Lock()
 	defer s.recordMu.Unlock()
 	s.mu.Lock()
-	listed := s.hosts[host]
+	listed, old, keys := s.hosts[host], s.keys[host], s.keyPathsLocked()
+	if listed && k != nil && old != nil && old.path == k.path {
+		s.keys[host] = k
+	}
 	s.mu.Unlock()
-	if listed {
+	if listed && (k == nil || (old != nil && old.path == k.path)) {
 		return nil
 	}
-	if err := s.record(append(s.Hosts(), host)); err != nil {
+	hosts := s.Hosts()
+	if !listed {
+		hosts = append(hosts, host)
+	}
+	if k != nil {
+		keys = withKey(keys, host, k)
+	}
+	if err := s.record(hosts, keys); err != nil {
 		return fmt.Errorf("target: subsystem %s: allowing host %s: %w", s.nqn, host, err)
 	}
 	s.mu.Lock()
 	s.hosts[host] = true
+	if k != nil {
+		s.keys[host] = k
+	}
 	s.mu.Unlock()
 	s.t.genCtr.Add(1)
 	return nil
 }
 
-// record writes the subsystem's record with hosts as its host list.
-func (s *Subsystem) record(hosts []string) error {
+// record writes the subsystem's record with hosts as its host list and keys
+// as their key files (host NQN to path).
+func (s *Subsystem) record(hosts []string, keys map[string]string) error {
 	if s.t.meta == nil {
 		return nil
 	}
@@ -195,7 +216,7 @@ func (s *Subsystem) record(hosts []string) error {
 		rec = subsystemRecord{NQN: s.nqn, Serial: s.serial, Created: time.Now().UTC(), Managed: s.managed}
 	}
 	sort.Strings(hosts)
-	rec.Hosts = hosts
+	rec.Hosts, rec.HostKeys = hosts, keys
 	rec.AllowAnyHost = s.AllowsAnyHost()
 	return s.t.meta.putSubsystem(rec)
 }

@@ -76,6 +76,8 @@ type config struct {
 	pinnedBudget   int64
 	busyPoll       time.Duration
 	fenceTimeout   time.Duration
+	keyring        Keyring
+	authTimeout    time.Duration
 	metaProbe      time.Duration
 	manage         manageConfig // manage.go
 }
@@ -230,6 +232,7 @@ func New(opts ...Option) (*Target, error) {
 		maxTransfer:    DefaultMaxTransferBytes,
 		icd:            DefaultInCapsuleData,
 		fenceTimeout:   DefaultFenceTimeout,
+		authTimeout:    DefaultAuthTimeout,
 		metaProbe:      DefaultMetadataProbeInterval,
 	}
 	for _, o := range opts {

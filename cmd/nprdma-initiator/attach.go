@@ -239,8 +239,13 @@ func teardownRequest(s os.Signal) attach.Request {
 // setUp connects and exposes the namespace in the requested mode.
 func setUp(ctx context.Context, cc *cli.Context, a *attach.Attachment, frontend attach.Frontend, log *slog.Logger, reg *prometheus.Registry, say func(string)) error {
 	rec := a.Record()
+	secrets, err := secretOptions(cc)
+	if err != nil {
+		return err
+	}
 	opts := append(hostOptions(cc, log), initiator.WithQueueDepth(cc.Int("queue-depth")), initiator.WithControllerLossTimeout(cc.Duration("ctrl-loss-timeout")),
 		initiator.WithKeepAlive(cc.Duration("keep-alive")), initiator.WithOneSidedReads(!cc.Bool("two-sided")))
+	opts = append(opts, secrets...)
 	if n := cc.Int("io-queues"); n > 0 {
 		opts = append(opts, initiator.WithIOQueues(n))
 	}

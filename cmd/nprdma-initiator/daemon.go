@@ -55,7 +55,7 @@ func startDaemon(cc *cli.Context, req attachRequest) error {
 	cmd := exec.Command(exe, daemonArgs(cc, req)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.ExtraFiles = []*os.File{readyW} // descriptor 3
-	cmd.Env = append(os.Environ(), envDaemonReadyFD+"=3", envDaemonLog+"="+logPath)
+	cmd.Env = append(append(os.Environ(), envDaemonReadyFD+"=3", envDaemonLog+"="+logPath), daemonSecretEnv(cc)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.Dir = "/"
 	err = cmd.Start()
@@ -110,11 +110,11 @@ func daemonArgs(cc *cli.Context, req attachRequest) []string {
 	var args []string
 	set := func(f cli.Flag) {
 		name := f.Names()[0]
-		if !cc.IsSet(name) {
-			return
+		if !cc.IsSet(name) || name == "dhchap-secret" || name == "dhchap-ctrl-secret" {
+			return // secrets go in the environment (daemonSecretEnv)
 		}
 		v := fmt.Sprint(cc.Value(name))
-		if name == "socket" || name == "hostid-file" {
+		if name == "socket" || name == "hostid-file" || strings.HasSuffix(name, "secret-file") {
 			// The child runs in /, so that it keeps no directory busy.
 			if abs, err := filepath.Abs(v); err == nil {
 				v = abs

@@ -91,7 +91,11 @@ func discover(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	opts := hostOptions(cc, logger)
+	secrets, err := secretOptions(cc)
+	if err != nil {
+		return err
+	}
+	opts := append(hostOptions(cc, logger), secrets...)
 	addr := targetAddr(cc, nvmetcp.DiscoveryPort)
 	tr, release, err := newTransport(cc, addr)
 	if err != nil {

@@ -27,7 +27,7 @@ func newApp() *cli.App {
 	return &cli.App{
 		Name:  "nprdma-initiator",
 		Usage: "discover nprdma targets and attach their namespaces as local block devices",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "hostnqn", Usage: "host NQN to connect as (default: nqn.2014-08.org.nvmexpress:uuid:<host ID from --hostid-file>)"},
 			&cli.StringFlag{Name: "hostid-file", Usage: "file holding this host's ID, created on first use (default: $NPRDMA_STATE_DIR/hostid or ~/.config/nprdma/hostid)"},
 			&cli.StringFlag{Name: "transport", Value: "nprdma", Usage: "NVMe-oF transport: nprdma (the nprdma fabric, one-sided reads; an nprdma-target; its provider is --provider) or tcp (NVMe/TCP to any NVMe/TCP target, two-sided; a --target without a port means 4420, or 8009 for discover)"},
@@ -35,7 +35,7 @@ func newApp() *cli.App {
 			&cli.BoolFlag{Name: "hdr-digest", Usage: "with --transport tcp: ask the target for header digests (CRC32C of every PDU header)"},
 			&cli.BoolFlag{Name: "data-digest", Usage: "with --transport tcp: ask the target for data digests (CRC32C of every PDU's data)"},
 			&cli.StringFlag{Name: "log-level", Value: "warn", Usage: "log level: debug, info, warn, error"},
-		},
+		}, secretFlags()...),
 		Commands:        []*cli.Command{discoverCommand(), attachCommand(), listCommand(), detachCommand(), hostnqnCommand()},
 		HideHelpCommand: true,
 		// The library's default says "No help topic" and exits 3.

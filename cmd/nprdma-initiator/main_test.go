@@ -65,12 +65,12 @@ func TestUnknownCommandIsAUsageError(t *testing.T) {
 const subA, subB = "nqn.2024-01.io.nprdma:a", "nqn.2024-01.io.nprdma:b"
 
 // startTarget serves two subsystems: a (two namespaces, this host allowed)
-// and b (another host only).
-func startTarget(t *testing.T, host string) string {
+// and b (another host only), with the target options opts.
+func startTarget(t *testing.T, host string, opts ...target.Option) string {
 	t.Helper()
 	dir := t.TempDir()
-	tg, err := target.New(target.WithProvider(tcp.New()), target.WithListen("127.0.0.1:0"),
-		target.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	tg, err := target.New(append([]target.Option{target.WithProvider(tcp.New()), target.WithListen("127.0.0.1:0"),
+		target.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

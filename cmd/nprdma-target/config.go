@@ -14,16 +14,21 @@ import (
 //	{"subsystems": [{"nqn": "nqn.2024-01.io.nprdma:db",
 //	                 "allow_hosts": ["nqn.2014-08.org.nvmexpress:uuid:..."],
 //	                 "allow_any_host": false,
+//	                 "dhchap": [{"host": "nqn.2014-08.org.nvmexpress:uuid:...",
+//	                             "secret_file": "/etc/nprdma/host1.key",
+//	                             "ctrl_secret_file": "/etc/nprdma/ctrl1.key"}],
 //	                 "namespaces": [{"nsid": 1, "backing": "/dev/nvme0n1", "budget": "2GiB"}]}]}
 type fileConfig struct {
 	Subsystems []subsystemSpec `json:"subsystems"`
 }
 
 type subsystemSpec struct {
-	NQN          string          `json:"nqn"`
-	AllowHosts   []string        `json:"allow_hosts"`
-	AllowAnyHost bool            `json:"allow_any_host"`
-	Namespaces   []namespaceSpec `json:"namespaces"`
+	NQN          string   `json:"nqn"`
+	AllowHosts   []string `json:"allow_hosts"`
+	AllowAnyHost bool     `json:"allow_any_host"`
+	// DHCHAP lists the hosts that must authenticate, with their key files.
+	DHCHAP     []hostSecretSpec `json:"dhchap"`
+	Namespaces []namespaceSpec  `json:"namespaces"`
 }
 
 type namespaceSpec struct {
@@ -59,6 +64,16 @@ func loadConfig(path string) (fileConfig, error) {
 		}
 		if s.AllowAnyHost && len(s.AllowHosts) > 0 {
 			return c, fmt.Errorf("config %s: subsystem %s: allow_hosts and allow_any_host exclude each other", path, s.NQN)
+		}
+		seen := map[string]bool{}
+		for _, h := range s.DHCHAP {
+			if h.Host == "" || h.SecretFile == "" {
+				return c, fmt.Errorf("config %s: subsystem %s: a dhchap entry needs host and secret_file", path, s.NQN)
+			}
+			if seen[h.Host] {
+				return c, fmt.Errorf("config %s: subsystem %s: dhchap host %s given twice", path, s.NQN, h.Host)
+			}
+			seen[h.Host] = true
 		}
 		for j := range s.Namespaces {
 			ns := &s.Namespaces[j]

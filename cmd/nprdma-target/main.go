@@ -40,7 +40,8 @@ func newApp() *cli.App {
 			"SIGTERM or SIGINT: stop accepting, drain the commands in flight, flush every namespace, record a clean\n" +
 			"shutdown, exit 0; all of it within --shutdown-timeout. A stop that is not clean (a backing device or the\n" +
 			"metadata store failing or not answering) exits 1 by then, saying what was and was not persisted\n" +
-			"(another SIGTERM or SIGINT during the flush is logged and ignored; SIGKILL stops at once).",
+			"(another SIGTERM or SIGINT during the flush is logged and ignored; SIGKILL stops at once).\n" +
+			"SIGHUP: read the DH-HMAC-CHAP key files again (new connections and re-authentications use them).",
 		Flags: append([]cli.Flag{
 			&cli.StringSliceFlag{Name: "backing", Usage: "a block device or file to serve, as PATH[,nsid=N][,budget=SIZE] (repeatable: one namespace each, in the subsystem --nqn; budget overrides this namespace's share of --memory)"},
 			&cli.StringFlag{Name: "config", Usage: "JSON file describing several subsystems and namespaces (see docs/target.md); used instead of --backing/--nqn/--allow-host"},
@@ -51,6 +52,8 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "nqn", Value: DefaultNQN, Usage: "NQN of the subsystem that holds the --backing namespaces"},
 			&cli.StringSliceFlag{Name: "allow-host", Usage: "host NQN allowed to connect to the subsystem (repeatable; hosts not listed are refused)"},
 			&cli.BoolFlag{Name: "allow-any-host", Usage: "let every host connect (no access control)"},
+			&cli.StringSliceFlag{Name: "dhchap-secret-file", Usage: "HOSTNQN=PATH: that host must authenticate (DH-HMAC-CHAP) on every queue with the secret in PATH, a file of mode 0600 (nprdma-target gen-dhchap-key writes one); repeatable; re-read on SIGHUP"},
+			&cli.StringSliceFlag{Name: "dhchap-ctrl-secret-file", Usage: "HOSTNQN=PATH: the controller's secret for that host, with which the target proves itself when the host asks (bidirectional authentication); needs --dhchap-secret-file for the host"},
 			&cli.StringFlag{Name: "data-dir", Value: "nprdma-data", Usage: "directory for durable metadata (namespace identity, host lists, clean-shutdown marker; never page data) and the default backing file"},
 			&cli.StringFlag{Name: "default-size", Value: "4GiB", Usage: "size of the sparse backing file created under --data-dir when no backing is given"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9420; empty: off)"},
@@ -68,6 +71,6 @@ func newApp() *cli.App {
 		}, append(limitCLIFlags(), manageCLIFlags()...)...),
 		HideHelpCommand: true,
 		Action:          serve,
-		Commands:        []*cli.Command{ctlCommand()},
+		Commands:        []*cli.Command{ctlCommand(), genDHCHAPKeyCommand()},
 	}
 }

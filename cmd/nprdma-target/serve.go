@@ -12,7 +12,9 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -80,6 +82,9 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if cc.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (commands: gen-dhchap-key; flags start with --)", cc.Args().First())
+	}
 	if cc.Bool("allow-any-host") && len(cc.StringSlice("allow-host")) > 0 {
 		return fmt.Errorf("--allow-host and --allow-any-host exclude each other: with both, any host would get in")
 	}
@@ -109,9 +114,20 @@ func serve(cc *cli.Context) error {
 			log.Warn("the default backing file exists: serving it at its own size, --default-size ignored",
 				"path", path, "size", sizes.Format(st.Size()), "default-size", sizes.Format(size))
 		}
+		hostKeys, err := parseHostFiles(cc.StringSlice("dhchap-secret-file"), cc.StringSlice("dhchap-ctrl-secret-file"))
+		if err != nil {
+			return err
+		}
 		subs = []subsystemSpec{{NQN: cc.String("nqn"), AllowHosts: cc.StringSlice("allow-host"),
-			AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: []namespaceSpec{{NSID: 1, Backing: path}}}}
+			AllowAnyHost: cc.Bool("allow-any-host"), DHCHAP: hostKeys, Namespaces: []namespaceSpec{{NSID: 1, Backing: path}}}}
 	}
+	keys, err := keyringFor(subs, log)
+	if err != nil {
+		return err
+	}
+	// Caught from here on: SIGHUP's default would kill the target.
+	var served atomic.Pointer[target.Target]
+	defer reloadOnSIGHUP(keys, &served, log)()
 
 	openBacking := func(path string) (blockdev.Device, error) {
 		openOpts := []blockdev.Option{blockdev.WithLogger(log)}
@@ -144,6 +160,9 @@ func serve(cc *cli.Context) error {
 	}
 	opts = append(opts, target.WithFenceTimeout(cc.Duration("fence-timeout")),
 		target.WithMetadataProbeInterval(cc.Duration("metadata-probe-interval")))
+	if keys != nil {
+		opts = append(opts, target.WithKeyring(keys))
+	}
 	var reg *prometheus.Registry
 	if cc.String("metrics-addr") != "" {
 		reg = prometheus.NewRegistry()
@@ -182,6 +201,7 @@ func serve(cc *cli.Context) error {
 		closeAll()
 		return err
 	}
+	served.Store(tg)
 	// The namespaces the management API created keep the budgets they were
 	// given; the configuration's share what they leave.
 	managed, err := tg.ManagedBudgets()
@@ -336,6 +356,9 @@ func subsystemsFromFlags(cc *cli.Context) ([]subsystemSpec, error) {
 		if len(cc.StringSlice("backing")) > 0 {
 			return nil, fmt.Errorf("--config and --backing exclude each other")
 		}
+		if len(cc.StringSlice("dhchap-secret-file")) > 0 || len(cc.StringSlice("dhchap-ctrl-secret-file")) > 0 {
+			return nil, fmt.Errorf("--config and --dhchap-secret-file exclude each other: name the key files in the config's dhchap entries")
+		}
 		c, err := loadConfig(path)
 		if err != nil {
 			return nil, err
@@ -353,8 +376,74 @@ func subsystemsFromFlags(cc *cli.Context) ([]subsystemSpec, error) {
 	if len(nss) == 0 {
 		return nil, nil
 	}
+	hostKeys, err := parseHostFiles(cc.StringSlice("dhchap-secret-file"), cc.StringSlice("dhchap-ctrl-secret-file"))
+	if err != nil {
+		return nil, err
+	}
 	return []subsystemSpec{{NQN: cc.String("nqn"), AllowHosts: cc.StringSlice("allow-host"),
-		AllowAnyHost: cc.Bool("allow-any-host"), Namespaces: nss}}, nil
+		AllowAnyHost: cc.Bool("allow-any-host"), DHCHAP: hostKeys, Namespaces: nss}}, nil
+}
+
+// keyringFor reads the key files the subsystems name (nil: none names
+// any). A host with a secret that may not connect is only warned about.
+func keyringFor(subs []subsystemSpec, log *slog.Logger) (*fileKeyring, error) {
+	specs := map[string][]hostSecretSpec{}
+	for _, s := range subs {
+		for _, h := range s.DHCHAP {
+			if !s.AllowAnyHost && !slices.Contains(s.AllowHosts, h.Host) {
+				log.Warn("a host has a DH-HMAC-CHAP secret but is not allowed to connect", "host", h.Host, "subsystem", s.NQN)
+			}
+		}
+		if len(s.DHCHAP) > 0 {
+			specs[s.NQN] = s.DHCHAP
+		}
+	}
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	k, err := newFileKeyring(specs)
+	if err != nil {
+		return nil, fmt.Errorf("DH-HMAC-CHAP secrets: %w", err)
+	}
+	log.Info("DH-HMAC-CHAP: hosts with secrets must authenticate", "hosts", k.Hosts())
+	return k, nil
+}
+
+// reloadOnSIGHUP reads the key files again on every SIGHUP until the
+// returned stop is called: the configuration's (k; nil: there are none) and
+// those the management API named, once tg holds the target. A failed
+// reload keeps the secrets in force.
+func reloadOnSIGHUP(k *fileKeyring, tg *atomic.Pointer[target.Target], log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-hup:
+				if k != nil {
+					if err := k.Reload(); err != nil {
+						log.Error("SIGHUP: DH-HMAC-CHAP secrets not reloaded; the previous ones stay in force", "err", err)
+					} else {
+						log.Info("SIGHUP: DH-HMAC-CHAP secrets reloaded; new connections and re-authentications use them", "hosts", k.Hosts())
+					}
+				}
+				if t := tg.Load(); t != nil {
+					if n, err := t.ReloadHostKeys(); err != nil {
+						log.Error("SIGHUP: the management API's DH-HMAC-CHAP key files not reloaded; the previous ones stay in force", "err", err)
+					} else if n > 0 {
+						log.Info("SIGHUP: the management API's DH-HMAC-CHAP key files reloaded", "hosts", n)
+					}
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(hup)
+		close(done)
+	}
 }
 
 // splitBudget gives each namespace without a budget of its own a share of

@@ -6,6 +6,7 @@ package targettest
 import (
 	"errors"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
@@ -81,6 +82,9 @@ func Start(t testing.TB, dataDir, listen string, args ...string) *Proc {
 
 // Log is what the target wrote on standard error.
 func (p *Proc) Log() string { return p.out.Log() }
+
+// Signal sends sig to the target (SIGHUP: read the key files again).
+func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 
 // Stop sends SIGTERM and waits for a clean exit; a stop that is not clean
 // fails the test. A target still running when the test ends is stopped so.

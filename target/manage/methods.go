@@ -39,8 +39,9 @@ type DeleteSubsystemParams struct {
 type HostParams struct {
 	NQN  string `json:"nqn"`
 	Host string `json:"host"`
-	// DHCHAPKeyFile names a file with the host's DH-HMAC-CHAP secret. The
-	// target does not authenticate hosts yet and refuses one (invalid).
+	// DHCHAPKeyFile names a file with the host's DH-HMAC-CHAP secret (add
+	// only): an absolute path on the target's machine, a file only its
+	// owner may read; the host must then authenticate on every queue.
 	DHCHAPKeyFile string `json:"dhchap_key_file,omitempty"`
 }
 
