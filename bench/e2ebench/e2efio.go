@@ -52,11 +52,7 @@ type E2EConfig struct {
 	QD        int  // the high queue depth (32)
 	Mix       bool // also a randrw 70/30 row (resident, QD)
 	Loop      bool // also fio on loop devices (needs root, /dev/fuse, loop)
-	// PinQDs are the queue depths of the resident case measured again,
-	// once each, with CPU placements imposed (fio on one CPU and the
-	// servers on the other; everything on one CPU). None: no variants.
-	PinQDs []int
-	Dir    string
+	Dir       string
 }
 
 // DefaultE2EConfig returns the sizes for a mode.
@@ -70,11 +66,10 @@ func DefaultE2EConfig(m bench.Mode) E2EConfig {
 		Ramp:         bench.WarmUp(m),
 		Rounds:       m.Rounds(),
 		QD:           32,
-		// The mix, the loop devices and the pinned variants are reported,
-		// not judged: full mode only, to keep the quick suite short.
-		Mix:    m == bench.ModeFull,
-		Loop:   m == bench.ModeFull,
-		PinQDs: bench.ByMode(m, nil, []int{1, 32}),
+		// The mix and the loop devices are reported, not judged: full mode
+		// only, to keep the quick suite short.
+		Mix:  m == bench.ModeFull,
+		Loop: m == bench.ModeFull,
 	}
 }
 
@@ -342,11 +337,6 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		return nil, err
 	}
 
-	variants, err := pinVariants(ctx, env, cfg, byKeyOf(results), &pl)
-	if err != nil {
-		return nil, err
-	}
-
 	exp = &bench.Experiment{Name: E2EName}
 	exp.Method = fmt.Sprintf("The same fio %s job (4 KiB, uniform offsets with replacement: norandommap) runs against each path, "+
 		"%v after a %v ramp, at QD1 and QD%d (one job; iodepth), over %d rounds in alternating order (reversed every other round); "+
@@ -472,9 +462,6 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 	bars("e2e-fio-p50-qd1.svg", "QD1 median read latency (mean of rounds)", "p50 (µs)", p50, "qd1", false)
 	bars("e2e-fio-iops-qd"+qd+".svg", "QD"+qd+" IOPS (mean of rounds)", "IOPS", iops, "qd"+qd, false)
 
-	if len(variants) > 0 {
-		addVariants(exp, variants, cfg.PinQDs)
-	}
 	exp.Placements = pl.list()
 	for _, r := range results {
 		noteNoise(exp, r.def.key+" p50", r.p50)
@@ -738,118 +725,6 @@ func verifyDevice(path string, size int64) error {
 		}
 	}
 	return nil
-}
-
-func byKeyOf(results []*e2eResult) map[string]*e2eResult {
-	m := map[string]*e2eResult{}
-	for _, r := range results {
-		m[r.def.key] = r
-	}
-	return m
-}
-
-// pinVariant is one imposed CPU placement of the resident case.
-type pinVariant struct {
-	key, label   string
-	fio, servers []int
-	// by case key ("res-ours-qd1", ...): p50 (µs) and IOPS of one run
-	p50, iops map[string]float64
-}
-
-// pinVariants measures the resident paths again with fio and the servers
-// pinned: split (fio on one CPU, every server process on the other) and
-// one CPU (all of them on the same CPU). Waking a thread on the other vCPU
-// costs tens of microseconds here, so placement can change the picture.
-func pinVariants(ctx context.Context, env *bench.Env, cfg E2EConfig, byKey map[string]*e2eResult, pl *placements) ([]*pinVariant, error) {
-	if len(cfg.PinQDs) == 0 || len(env.CPUs) > 0 {
-		return nil, nil
-	}
-	allowed, err := bench.Affinity(0)
-	if err != nil || len(allowed) < 2 {
-		return nil, nil
-	}
-	a, b := allowed[0], allowed[1]
-	variants := []*pinVariant{
-		{key: "split", label: fmt.Sprintf("fio on CPU %d, servers on CPU %d", a, b), fio: []int{a}, servers: []int{b}},
-		{key: "onecpu", label: fmt.Sprintf("fio and servers on CPU %d", b), fio: []int{b}, servers: []int{b}},
-	}
-	log := env.Logger()
-	for _, v := range variants {
-		v.p50, v.iops = map[string]float64{}, map[string]float64{}
-		for _, q := range cfg.PinQDs {
-			for _, path := range []string{"res-ours", "res-2hop", "res-1hop"} {
-				r := byKey[path+"-qd"+strconv.Itoa(q)]
-				if r == nil {
-					continue
-				}
-				c := r.def
-				log.Info("e2e-fio: measuring a pinned variant", "case", c.key, "variant", v.key)
-				for _, pid := range c.procs {
-					if err := bench.PinProcess(pid, v.servers); err != nil {
-						return nil, err
-					}
-				}
-				var res bench.FioResult
-				err := pl.sampleDuring(prefixRoles(c.procs, v.key+": "), true, func() error {
-					var err error
-					res, err = bench.Fio{CPUs: v.fio}.Run(ctx, c.args(cfg.Runtime, cfg.Ramp)...)
-					return err
-				})
-				for _, pid := range c.procs {
-					if uerr := bench.PinProcess(pid, allowed); uerr != nil && err == nil {
-						err = uerr
-					}
-				}
-				if err != nil {
-					return nil, fmt.Errorf("e2e-fio %s (%s): %w", c.key, v.key, err)
-				}
-				fl := res.Placement
-				fl.Role, fl.Pinned = v.key+": fio ("+c.label+")", true
-				pl.add(fl)
-				rd := res.GroupRead(0)
-				v.p50[c.key] = bench.Micros(rd.P50)
-				v.iops[c.key] = rd.IOPS
-			}
-		}
-	}
-	return variants, nil
-}
-
-func prefixRoles(procs map[string]int, prefix string) map[string]int {
-	m := make(map[string]int, len(procs))
-	for r, pid := range procs {
-		m[prefix+r] = pid
-	}
-	return m
-}
-
-// addVariants reports the pinned variants next to each other: ours against
-// the two-hop and one-hop peers under the same placement.
-func addVariants(exp *bench.Experiment, variants []*pinVariant, qds []int) {
-	for _, v := range variants {
-		for _, q := range qds {
-			qs := strconv.Itoa(q)
-			ours, two, one := "res-ours-qd"+qs, "res-2hop-qd"+qs, "res-1hop-qd"+qs
-			if _, ok := v.p50[ours]; !ok {
-				continue
-			}
-			if q == 1 {
-				exp.Add(bench.NewFigure("pinned ("+v.label+"): resident QD1 p50 vs two-hop", v.p50[ours], "µs", "two-hop peer, same placement", v.p50[two]),
-					bench.NewFigure("pinned ("+v.label+"): resident QD1 p50 vs one-hop", v.p50[ours], "µs", "one-hop peer, same placement", v.p50[one]))
-			} else {
-				exp.Add(bench.NewFigure("pinned ("+v.label+"): resident QD"+qs+" IOPS vs two-hop", v.iops[ours], "IOPS", "two-hop peer, same placement", v.iops[two]),
-					bench.NewFigure("pinned ("+v.label+"): resident QD"+qs+" IOPS vs one-hop", v.iops[ours], "IOPS", "one-hop peer, same placement", v.iops[one]))
-			}
-		}
-	}
-	exp.Note("Pinned variants (one run each, after the main rounds): %s; figures named \"pinned (...)\" compare ours with the peers under the same placement.",
-		strings.Join(func() []string {
-			var l []string
-			for _, v := range variants {
-				l = append(l, v.label)
-			}
-			return l
-		}(), "; "))
 }
 
 // oneSidedShare reads n random pages and returns the share that completed

@@ -143,7 +143,7 @@ func TestE2ESmoke(t *testing.T) {
 	}
 	env, bins := smokeEnv(t)
 	cfg := E2EConfig{ResidentSize: 32 << 20, SSDSize: 64 << 20, SSDMemory: 16 << 20, SSDWarmup: 300 * time.Millisecond,
-		Runtime: 500 * time.Millisecond, Ramp: 100 * time.Millisecond, Rounds: 1, QD: 8, Mix: true, Loop: true, PinQDs: []int{1}}
+		Runtime: 500 * time.Millisecond, Ramp: 100 * time.Millisecond, Rounds: 1, QD: 8, Mix: true, Loop: true}
 	exp, err := MeasureE2E(context.Background(), env, bins, cfg)
 	if err != nil {
 		t.Fatal(err)
