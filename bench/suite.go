@@ -84,6 +84,11 @@ type Env struct {
 	Log  *slog.Logger
 	// Tools finds (and may install) external tools.
 	Tools *Tools
+	// Round is the index of the round the suite is running (from 0): an
+	// experiment that alternates its cases starts every other round in
+	// reverse (bench.RoundOrder(n, env.Round)), so that over the rounds
+	// neither the subject nor the baseline always goes first.
+	Round int
 }
 
 // Dir returns (creating it) the raw-output directory of an experiment.
@@ -196,6 +201,7 @@ func runRounds(ctx context.Context, spec Spec, env *Env) *Experiment {
 		if n > 1 {
 			env.Logger().Info("round", "name", spec.Name, "round", r+1, "of", n)
 		}
+		env.Round = r
 		exp := runOne(ctx, spec, env)
 		if exp.Status == StatusFailed {
 			failed = exp

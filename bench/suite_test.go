@@ -122,6 +122,9 @@ func TestRoundsJudgedOnMedian(t *testing.T) {
 	values := []float64{150, 100, 120, 90, 130} // against a baseline of 100
 	round := 0
 	spec := Spec{Name: "noisy", Run: func(ctx context.Context, env *Env) (*Experiment, error) {
+		if env.Round != round {
+			t.Errorf("env.Round %d in round %d", env.Round, round)
+		}
 		e := &Experiment{}
 		e.Note("round %d", round+1)
 		e.Add(NewFigure("p50", values[round], "µs", "base", 100).WithGoal(goal))

@@ -284,7 +284,7 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 		order := make([]int, len(cases))
 		for i := range order {
 			order[i] = i
-			if round%2 == 1 {
+			if (env.Round+round)%2 == 1 {
 				order[i] = len(cases) - 1 - i
 			}
 		}

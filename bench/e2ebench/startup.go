@@ -131,7 +131,7 @@ func MeasureStartup(ctx context.Context, env *bench.Env, bins *Binaries, cfg Sta
 	samples := make([][]startSample, len(cases))
 	var pl placements
 	for round := range cfg.Rounds {
-		for _, i := range bench.RoundOrder(len(cases), round) {
+		for _, i := range bench.RoundOrder(len(cases), env.Round+round) {
 			log.Info("startup: measuring", "case", cases[i].key, "round", round+1, "of", cfg.Rounds)
 			s, err := startOnce(ctx, tgtBin, cases[i], cfg, meta, work)
 			if err != nil {

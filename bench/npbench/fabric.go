@@ -286,7 +286,7 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 		}
 		readPaired.add(pr)
 		rawPaired.add(pw)
-		for _, i := range bench.RoundOrder(len(vs), round) {
+		for _, i := range bench.RoundOrder(len(vs), env.Round+round) {
 			v := vs[i]
 			var samples []time.Duration
 			err := sampled(&v.placement, "nprdma-bench (initiator and target in one process): "+v.label, pinned, func() error {

@@ -129,7 +129,7 @@ func MeasureRegistration(ctx context.Context, env *bench.Env, cfg RegistrationCo
 		if err := ctx.Err(); err != nil {
 			return exp, err
 		}
-		for _, i := range bench.RoundOrder(len(cfg.Unpinned), round) {
+		for _, i := range bench.RoundOrder(len(cfg.Unpinned), env.Round+round) {
 			size := cfg.Unpinned[i]
 			err := sampled(&pl, "nprdma-bench: registration", isPinned, func() error {
 				c, r, err := unpinnedOnce(env.ScratchDir, pd, size)
@@ -143,7 +143,7 @@ func MeasureRegistration(ctx context.Context, env *bench.Env, cfg RegistrationCo
 		}
 	}
 	for round := range cfg.PinnedRounds {
-		for _, i := range bench.RoundOrder(len(cfg.Pinned), round) {
+		for _, i := range bench.RoundOrder(len(cfg.Pinned), env.Round+round) {
 			size := cfg.Pinned[i]
 			if err := ctx.Err(); err != nil {
 				return exp, err
