@@ -86,6 +86,55 @@ func (r *Region) readPage(page, in int, dst []byte, ahead int) error {
 	}
 }
 
+// TryReadAt copies [off, off+len(p)) of the region into p, like ReadAt, if
+// it can do so without waiting: every page present, not busy and tracked by
+// the eviction policy. Otherwise, and on any error, it returns false at the
+// first page that would wait, fault or lock, with p partly written: the
+// caller then reads with ReadAt, which reports the error if there is one.
+// It never blocks, faults or takes a lock (a caller on a connection's receive
+// loop must not hold up the commands behind it).
+func (r *Region) TryReadAt(p []byte, off int64) bool {
+	if r.checkRange("read", off, int64(len(p))) != nil || !r.enter() {
+		return false
+	}
+	defer r.exit()
+	for done := 0; done < len(p); {
+		pos := off + int64(done)
+		page, in := int(pos/PageSize), int(pos%PageSize)
+		n := min(PageSize-in, len(p)-done)
+		if !r.tryReadPage(page, in, p[done:done+n]) {
+			return false
+		}
+		done += n
+	}
+	return true
+}
+
+// tryRetries bounds how often a try-variant repeats a page copy that raced
+// with a writer before it leaves the page to the blocking path.
+const tryRetries = 3
+
+// tryReadPage is readPage for a page that is resident: false instead of
+// waiting for busy, faulting, or taking the policy's lock to track it.
+func (r *Region) tryReadPage(page, in int, dst []byte) bool {
+	w := &r.states[page]
+	src := r.mem[page*PageSize+in : page*PageSize+in+len(dst)]
+	for range tryRetries {
+		s := atomic.LoadUint64(w)
+		if s&(StatePresent|StateBusy|StateTracked) != StatePresent|StateTracked || StateReaders(s) == maxReaders {
+			return false
+		}
+		if !atomic.CompareAndSwapUint64(w, s, (s+readerOne)|StateReferenced) {
+			continue
+		}
+		copyPagePart(dst, src, s)
+		if StateVersion(atomic.AddUint64(w, readerDec)) == StateVersion(s) {
+			return true
+		}
+	}
+	return false
+}
+
 // copyPagePart copies a resident page's bytes, read under a reader reference
 // whose state word was s. A zero page is not read: its content is known, and
 // on a virtual machine the first touch of a newly mapped page can cost more
@@ -144,6 +193,74 @@ func (r *Region) WriteAtFUA(p []byte, off int64) (int, error) {
 		return 0, err
 	}
 	return n, nil
+}
+
+// TryWriteAt copies p into the region at off, like WriteAt, if it can do so
+// without waiting: every page present, not busy and tracked, and each page's
+// dirty-set shard lock free at once. Otherwise, and on any error, it returns
+// false, having written nothing when a page was found wanting before the
+// first copy, or a prefix of p when the state changed in between: the caller
+// then writes the whole of p with WriteAt (the same bytes again). It never
+// faults, waits for busy or waits for a lock held for long (waking a page's
+// waiters takes their shard's lock, which they hold only to check a word).
+func (r *Region) TryWriteAt(p []byte, off int64) bool {
+	if r.checkRange("write", off, int64(len(p))) != nil || !r.enter() {
+		return false
+	}
+	defer r.exit()
+	if len(p) == 0 {
+		return true
+	}
+	first, last := int(off/PageSize), int((off+int64(len(p))-1)/PageSize)
+	for page := first; page <= last; page++ {
+		if s := atomic.LoadUint64(&r.states[page]); s&(StatePresent|StateBusy|StateTracked) != StatePresent|StateTracked {
+			return false
+		}
+	}
+	for done := 0; done < len(p); {
+		pos := off + int64(done)
+		page, in := int(pos/PageSize), int(pos%PageSize)
+		n := min(PageSize-in, len(p)-done)
+		if !r.tryWritePage(page, in, p[done:done+n]) {
+			return false
+		}
+		done += n
+	}
+	return true
+}
+
+// tryWritePage is writePage for a page that is resident: false instead of
+// waiting for busy, faulting, or waiting for the dirty-set shard's lock
+// (which Flush's snapshot holds over a whole shard). The lock is taken before
+// busy, so a page is never left busy by a failed try.
+func (r *Region) tryWritePage(page, in int, data []byte) bool {
+	w := &r.states[page]
+	dst := r.mem[page*PageSize+in : page*PageSize+in+len(data)]
+	_, sh := r.dirty.shard(page)
+	if !sh.mu.TryLock() {
+		return false
+	}
+	taken := false
+	for range tryRetries {
+		s := atomic.LoadUint64(w)
+		if s&(StatePresent|StateBusy|StateTracked) != StatePresent|StateTracked {
+			break
+		}
+		// Busy with a version bump, as writePage.
+		if atomic.CompareAndSwapUint64(w, s, (s|StateBusy)+versionOne) {
+			taken = true
+			break
+		}
+	}
+	if !taken {
+		sh.mu.Unlock()
+		return false
+	}
+	copy(dst, data)
+	r.finishWriteLocked(page, sh) // tracked: no policy insert
+	sh.mu.Unlock()
+	r.afterWrite(page)
+	return true
 }
 
 func (r *Region) writePage(page, in int, data []byte) error {

@@ -11,10 +11,11 @@ import (
 )
 
 // TestSeqlockReadersSeeWholeVersions plays the NIC engine against writers and
-// the evictor: writers rewrite pages with one repeated version number, a
-// churn goroutine keeps evicting, and readers use ReadBegin/copy/ReadEnd.
-// Every accepted copy must be one complete version, no older than the last
-// write that completed before its ReadBegin.
+// the evictor: writers rewrite pages with one repeated version number (every
+// other write tried with TryWriteAt first), a churn goroutine keeps evicting,
+// and readers use ReadBegin/copy/ReadEnd, or TryReadAt (a receive loop's
+// read). Every accepted copy must be one complete version, no older than the
+// last write that completed before its ReadBegin.
 func TestSeqlockReadersSeeWholeVersions(t *testing.T) {
 	const (
 		pages       = 128
@@ -43,10 +44,10 @@ func TestSeqlockReadersSeeWholeVersions(t *testing.T) {
 	seed := testSeed(t)
 	stop := make(chan struct{})
 	var readers, others sync.WaitGroup
-	var accepted, refused, retried atomic.Int64
+	var accepted, refused, retried, tried, triedWrites atomic.Int64
 	errs := make(chan error, 8)
 
-	for g := 0; g < 2; g++ { // NIC readers
+	for g := 0; g < 3; g++ { // NIC readers, and a TryReadAt reader (g 2)
 		readers.Add(1)
 		go func(g int) {
 			defer readers.Done()
@@ -60,19 +61,27 @@ func TestSeqlockReadersSeeWholeVersions(t *testing.T) {
 				}
 				p := rng.IntN(hot)
 				floor := completed[p].Load()
-				seq, zero, ok := r.ReadBegin(p)
-				if !ok {
-					refused.Add(1)
-					continue
-				}
-				if zero {
-					clear(buf)
+				if g == 2 {
+					if !r.TryReadAt(buf, int64(p)*PageSize) {
+						refused.Add(1)
+						continue
+					}
+					tried.Add(1)
 				} else {
-					copy(buf, r.Bytes()[p*PageSize:(p+1)*PageSize])
-				}
-				if !r.ReadEnd(p, seq) {
-					retried.Add(1)
-					continue
+					seq, zero, ok := r.ReadBegin(p)
+					if !ok {
+						refused.Add(1)
+						continue
+					}
+					if zero {
+						clear(buf)
+					} else {
+						copy(buf, r.Bytes()[p*PageSize:(p+1)*PageSize])
+					}
+					if !r.ReadEnd(p, seq) {
+						retried.Add(1)
+						continue
+					}
 				}
 				first := binary.LittleEndian.Uint64(buf)
 				for i := 8; i < PageSize; i += 8 {
@@ -116,7 +125,10 @@ func TestSeqlockReadersSeeWholeVersions(t *testing.T) {
 			for i := 0; i < writes; i++ {
 				p := g + 2*rng.IntN(hot/2) // each writer owns half the pages
 				v := completed[p].Load() + 1
-				if _, err := r.WriteAt(pageOf(p, v), int64(p)*PageSize); err != nil {
+				b := pageOf(p, v)
+				if i%2 == 1 && r.TryWriteAt(b, int64(p)*PageSize) {
+					triedWrites.Add(1)
+				} else if _, err := r.WriteAt(b, int64(p)*PageSize); err != nil {
 					errs <- err
 					return
 				}
@@ -127,7 +139,7 @@ func TestSeqlockReadersSeeWholeVersions(t *testing.T) {
 	writers.Wait()
 	// Let the readers also run without writers until they have accepted
 	// copies (the check is about correctness, not speed).
-	for deadline := time.Now().Add(30 * time.Second); accepted.Load() < 100 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(30 * time.Second); (accepted.Load() < 100 || tried.Load() == 0) && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
 	close(stop)
@@ -137,10 +149,10 @@ func TestSeqlockReadersSeeWholeVersions(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	t.Logf("accepted %d, refused at ReadBegin %d, refused at ReadEnd %d; %+v",
-		accepted.Load(), refused.Load(), retried.Load(), r.Stats())
-	if accepted.Load() == 0 {
-		t.Fatal("no NIC read was ever accepted")
+	t.Logf("accepted %d (TryReadAt %d), refused at ReadBegin or by TryReadAt %d, refused at ReadEnd %d; TryWriteAt %d; %+v",
+		accepted.Load(), tried.Load(), refused.Load(), retried.Load(), triedWrites.Load(), r.Stats())
+	if accepted.Load() == 0 || tried.Load() == 0 || triedWrites.Load() == 0 {
+		t.Fatal("no NIC read, TryReadAt or TryWriteAt was ever accepted")
 	}
 	if r.Stats().Evictions == 0 {
 		t.Fatal("the evictor never ran")

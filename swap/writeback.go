@@ -72,10 +72,22 @@ func (d *dirtySet) pick(worker, workers, n int) []int {
 // finishWrite ends a write of a present page: it clears busy (and zero), sets
 // dirty and referenced, starts tracking the page, and wakes waiters.
 func (r *Region) finishWrite(page int) {
-	w := &r.states[page]
 	_, sh := r.dirty.shard(page)
-	var s uint64
 	sh.mu.Lock()
+	s := r.finishWriteLocked(page, sh)
+	sh.mu.Unlock()
+	if s&StateTracked == 0 {
+		r.insert(page)
+	}
+	r.afterWrite(page)
+}
+
+// finishWriteLocked is the part of finishWrite under the page's dirty-set
+// shard lock sh: the state change and the dirty set. It returns the state
+// before.
+func (r *Region) finishWriteLocked(page int, sh *dirtyShard) uint64 {
+	w := &r.states[page]
+	var s uint64
 	for {
 		s = atomic.LoadUint64(w)
 		ns := (s &^ (StateBusy | StateZero)) | StateDirty | StateReferenced | StateTracked
@@ -87,10 +99,12 @@ func (r *Region) finishWrite(page int) {
 		sh.pages[page] = struct{}{}
 		r.dirty.count.Add(1)
 	}
-	sh.mu.Unlock()
-	if s&StateTracked == 0 {
-		r.insert(page)
-	}
+	return s
+}
+
+// afterWrite wakes the page's waiters and, over the dirty limit, the
+// writeback workers.
+func (r *Region) afterWrite(page int) {
 	r.waiters.wake(page)
 	if r.dirty.count.Load() > r.dirtyLimit {
 		r.kickWriteback()

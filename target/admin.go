@@ -11,9 +11,13 @@ const (
 	maxAERs          = 4 // AERL+1
 )
 
-// admin executes an admin command of a connected controller.
-func (c *controller) admin(r Request) result {
+// admin executes an admin command of a connected controller; on the
+// receive loop (inline) only those that never wait (inlineAdmin).
+func (c *controller) admin(r Request, inline bool) result {
 	cmd := r.Command()
+	if inline && !inlineAdmin(cmd) {
+		return result{wait: true}
+	}
 	if cmd.IsFabrics() {
 		switch cmd.FabricsType() {
 		case nvme.FabricsPropertyGet:

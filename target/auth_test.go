@@ -446,6 +446,15 @@ func TestAuthenticationOverNVMeTCP(t *testing.T) {
 	if n := promtest.Sum(t, r.reg, "nprdma_target_authentications_total", "result", "success"); n != 2 {
 		t.Fatalf("successful authentications %v, want 2", n)
 	}
+	// Authentication Send fetches its data and both compute: never on the
+	// receive loop (target/inline.go).
+	for _, op := range []string{"fabrics-auth-send", "fabrics-auth-receive"} {
+		inline := promtest.Sum(t, r.reg, "nprdma_target_commands_inline_total", "opcode", op)
+		handedOff := promtest.Sum(t, r.reg, "nprdma_target_commands_handed_off_total", "opcode", op)
+		if inline != 0 || handedOff == 0 {
+			t.Fatalf("%s: %v on the receive loop, %v handed off; want none and some", op, inline, handedOff)
+		}
+	}
 
 	// A wrong secret: refused, and the controller goes.
 	before := r.tg.Controllers()

@@ -35,10 +35,15 @@ type queueConn struct {
 	fenceDone bool
 	wmu       sync.Mutex
 	workers   []*worker // guarded by wmu
+	// onLoop is the record of the commands the receive loop executes
+	// itself (inline.go), one at a time.
+	onLoop *worker
 }
 
 func newQueueConn(t *Target, q Queue, p *port) *queueConn {
-	return &queueConn{t: t, q: q, port: p, admin: q.QID() == 0, work: make(chan Request, q.Entries())}
+	qc := &queueConn{t: t, q: q, port: p, admin: q.QID() == 0, work: make(chan Request, q.Entries())}
+	qc.onLoop = qc.addWorker()
+	return qc
 }
 
 // watch fences the queue as soon as its connection is lost (the host may
@@ -79,14 +84,15 @@ func errString(err error) string {
 // once idle (a burst deeper than this starts goroutines again).
 const maxIdleWorkers = 16
 
-// handle is the queue's Handler. It runs on the receive loop, so every
-// command executes on a worker goroutine, never behind another command (a
-// fault or a flush must not hold up the commands behind it): an idle worker
-// if there is one, else a new one. There are never more workers than
-// commands that ran at once on the queue, which the host bounds by its queue
-// depth (a command holds its receive buffer until it completes), and idle
-// ones stay parked (up to maxIdleWorkers) until the queue goes: a goroutine
-// per command cost an allocation and a start each.
+// handle is the queue's Handler. It runs on the receive loop, so a command
+// that may wait executes on a worker goroutine, never behind another command
+// (a fault or a flush must not hold up the commands behind it); one that
+// completes without waiting executes right here (inline.go). A worker is an
+// idle one if there is one, else a new one. There are never more workers
+// than commands that ran at once on the queue, which the host bounds by its
+// queue depth (a command holds its receive buffer until it completes), and
+// idle ones stay parked (up to maxIdleWorkers) until the queue goes: a
+// goroutine per command cost an allocation and a start each.
 func (qc *queueConn) handle(r Request) {
 	t := qc.t
 	// Counted in flight under the drain lock, so that Shutdown's wait
@@ -100,6 +106,12 @@ func (qc *queueConn) handle(r Request) {
 	}
 	t.inflight.Add(1)
 	t.drainMu.RUnlock()
+	if qc.inline(r) {
+		return
+	}
+	if t.met != nil {
+		t.met.handedOff.WithLabelValues(r.Command().Name(qc.admin)).Inc()
+	}
 	if qc.idle.Add(-1) >= 0 {
 		// Never blocks: each command in work holds one of the queue's
 		// Entries() receive buffers, work's capacity.
@@ -145,7 +157,7 @@ func (qc *queueConn) run(w *worker, r Request) {
 	t := qc.t
 	defer t.inflight.Done()
 	start := time.Now()
-	name, res := qc.execute(w, r)
+	name, res := qc.execute(w, r, false)
 	if res.parked {
 		qc.idle.Add(1)
 		return // an AER: completed later
@@ -160,12 +172,18 @@ func (qc *queueConn) run(w *worker, r Request) {
 	r.Complete(c)
 }
 
-// execute runs one command and returns its metric name and outcome.
-func (qc *queueConn) execute(w *worker, r Request) (string, result) {
+// execute runs one command and returns its metric name and outcome. On the
+// receive loop (inline) it runs only what completes without waiting; the
+// outcome of anything else is wait, with nothing done that a worker must
+// undo.
+func (qc *queueConn) execute(w *worker, r Request, inline bool) (string, result) {
 	cmd := r.Command()
 	name := cmd.Name(qc.admin)
 	c := qc.ctrl.Load()
 	if c == nil {
+		if inline {
+			return name, result{wait: true} // Connect fetches its data
+		}
 		if cmd.IsFabrics() && cmd.FabricsType() == nvme.FabricsConnect {
 			return name, qc.connect(r)
 		}
@@ -175,13 +193,16 @@ func (qc *queueConn) execute(w *worker, r Request) (string, result) {
 	if cmd.IsFabrics() && cmd.FabricsType() == nvme.FabricsConnect {
 		return name, result{err: nvme.Errorf(nvme.StatusInvalidOpcode.WithDNR(), "queue %d is connected already", qc.q.QID())}
 	}
+	if inline && cmd.IsFabrics() && cmd.FabricsType() != nvme.FabricsPropertyGet {
+		return name, result{wait: true} // Authentication Send fetches its data; both compute
+	}
 	if res, done := qc.authGate(c, r); done {
 		return name, res
 	}
 	if qc.admin {
-		return name, c.admin(r)
+		return name, c.admin(r, inline)
 	}
-	return name, c.io(w, r)
+	return name, c.io(w, r, inline)
 }
 
 // result is a command's outcome.
@@ -189,6 +210,7 @@ type result struct {
 	err      error
 	dw0, dw1 uint32
 	parked   bool // an AER: completed later
+	wait     bool // on the receive loop: it would wait, a worker runs it
 }
 
 func (res result) completion() nvme.Completion {

@@ -24,8 +24,8 @@ import (
 // Reads, other blocks, other namespaces and other hosts never wait; the
 // steady-state cost is a few atomic operations per changing command.
 
-// worker is a worker goroutine's record of the change its command is making
-// now, read by fence and hold.
+// worker is a worker goroutine's (or the receive loop's, inline.go) record
+// of the change its command is making now, read by fence and hold.
 type worker struct {
 	qc     *queueConn
 	ns     atomic.Pointer[Namespace] // the namespace being changed; nil: none
@@ -167,13 +167,24 @@ func (qc *queueConn) changeEnded() {
 // the queue has failed, and holds the command while a failed queue of the
 // host is still changing those blocks.
 func (c *controller) beginChange(w *worker, n *Namespace, lo, hi uint64) error {
+	_, err := c.startChange(w, n, lo, hi, true)
+	return err
+}
+
+// startChange is beginChange; without wait (on the receive loop) it returns
+// false instead of holding the command while the host has failed queues
+// still changing something, and then nothing is begun.
+func (c *controller) startChange(w *worker, n *Namespace, lo, hi uint64, wait bool) (ok bool, err error) {
 	qc := w.qc
 	if qc.fenced.Load() {
-		return c.dropped(qc)
+		return true, c.dropped(qc)
 	}
 	if hf := c.host; hf != nil && hf.stale.Load() != 0 {
+		if !wait {
+			return false, nil
+		}
 		if err := c.hold(w, n, lo, hi); err != nil {
-			return err
+			return true, err
 		}
 	}
 	w.lo.Store(lo)
@@ -182,9 +193,9 @@ func (c *controller) beginChange(w *worker, n *Namespace, lo, hi uint64) error {
 	if qc.fenced.Load() {
 		w.ns.Store(nil)
 		qc.changeEnded()
-		return c.dropped(qc)
+		return true, c.dropped(qc)
 	}
-	return nil
+	return true, nil
 }
 
 // endChange ends what beginChange began.

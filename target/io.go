@@ -13,11 +13,17 @@ import (
 const hostDataTimeout = 30 * time.Second
 
 // io executes an I/O command on worker w. Commands that change a namespace
-// do it between w's beginChange and endChange (fence.go).
-func (c *controller) io(w *worker, r Request) result {
+// do it between w's beginChange and endChange (fence.go). On the receive
+// loop (inline, w the loop's record) it completes a Read or a Write only if
+// neither waits (inline.go), and returns wait for the rest with nothing
+// changed.
+func (c *controller) io(w *worker, r Request, inline bool) result {
 	cmd := r.Command()
 	if cmd.IsFabrics() {
 		return result{err: nvme.InvalidOpcode(cmd, false)}
+	}
+	if inline && cmd.Opcode != nvme.IORead && cmd.Opcode != nvme.IOWrite {
+		return result{wait: true}
 	}
 	if cmd.Opcode == nvme.IOFlush && cmd.NSID == nvme.BroadcastNSID {
 		all := c.sub.acquireAll()
@@ -51,9 +57,18 @@ func (c *controller) io(w *worker, r Request) result {
 		if err != nil {
 			return result{err: err}
 		}
-		buf, err := r.DataBuffer(int(b.Blocks()) * BlockSize)
+		length := int(b.Blocks()) * BlockSize
+		tr, _ := n.store.(tryReader)
+		if inline && (tr == nil || length > inlineMaxTransfer) {
+			return result{wait: true}
+		}
+		buf, err := r.DataBuffer(length)
 		if err != nil {
 			return result{err: err}
+		}
+		if inline {
+			// Every page resident: no fault to report.
+			return result{wait: !tr.TryReadAt(buf, int64(b.SLBA)*BlockSize)}
 		}
 		report := faultReport(n.region, int(b.SLBA), int(b.Blocks()))
 		if _, err := n.store.ReadAt(buf, int64(b.SLBA)*BlockSize); err != nil {
@@ -65,18 +80,18 @@ func (c *controller) io(w *worker, r Request) result {
 		if err != nil {
 			return result{err: err}
 		}
+		if inline {
+			return c.tryWrite(w, r, n, b)
+		}
 		data, err := r.HostData(hostDataTimeout)
 		if err != nil {
 			return result{err: err}
 		}
 		off := int64(b.SLBA) * BlockSize
-		c.mu.Lock()
-		writeThrough := b.FUA || !c.vwc
-		c.mu.Unlock()
 		if err := c.beginChange(w, n, b.SLBA, b.SLBA+b.Blocks()); err != nil {
 			return result{err: err}
 		}
-		if writeThrough {
+		if c.writeThrough(b) {
 			_, err = n.store.WriteAtFUA(data, off)
 		} else {
 			_, err = n.store.WriteAt(data, off)

@@ -15,6 +15,8 @@ type metrics struct {
 	latency     *prometheus.HistogramVec
 	controllers prometheus.Gauge
 	connections prometheus.Gauge
+	inline      *prometheus.CounterVec
+	handedOff   *prometheus.CounterVec
 	refused     prometheus.Counter
 	kaExpired   prometheus.Counter
 	replaced    prometheus.Counter
@@ -36,6 +38,14 @@ func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
 			Name:    "nprdma_target_command_latency_seconds",
 			Help:    "Time from a command's arrival to its completion being posted, by command.",
 			Buckets: prometheus.ExponentialBuckets(2e-6, 2, 22),
+		}, []string{"opcode"}),
+		inline: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nprdma_target_commands_inline_total",
+			Help: "Commands executed on their queue's receive loop, by command: they completed without waiting (a resident read, a cached write of in-capsule data into resident pages, admin commands that read or set controller state).",
+		}, []string{"opcode"}),
+		handedOff: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nprdma_target_commands_handed_off_total",
+			Help: "Commands executed by a worker goroutine of their queue, by command: they may wait (a fault, a flush, a write through, host data to fetch, a write held by a failed queue's change).",
 		}, []string{"opcode"}),
 		controllers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "nprdma_target_controllers", Help: "Controllers alive (I/O and discovery).",
@@ -90,7 +100,7 @@ func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
 		}
 		return float64(t.meta.writeErrors.Load())
 	})
-	for _, c := range []prometheus.Collector{m.commands, m.latency, m.controllers, m.connections, m.refused, m.kaExpired,
+	for _, c := range []prometheus.Collector{m.commands, m.latency, m.inline, m.handedOff, m.controllers, m.connections, m.refused, m.kaExpired,
 		m.replaced, m.auths, m.held, m.heldTimeouts, m.fenceDropped, metaHealthy, metaErrors, nprdma.NewPrometheusCollector(t.dev, t.pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

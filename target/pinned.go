@@ -118,6 +118,18 @@ func (p *pinnedStore) ReadAt(b []byte, off int64) (int, error) {
 	return copy(b, p.mem[off:]), nil
 }
 
+// TryReadAt is ReadAt unless a writer holds or waits for the memory (then
+// false): writers hold it only for a copy, but a reader on a receive loop
+// waits for nothing (inline.go).
+func (p *pinnedStore) TryReadAt(b []byte, off int64) bool {
+	if checkRange(p.dev, p.size, off, int64(len(b))) != nil || !p.mu.TryRLock() {
+		return false
+	}
+	defer p.mu.RUnlock()
+	copy(b, p.mem[off:])
+	return true
+}
+
 func (p *pinnedStore) write(b []byte, off int64, fua bool) (int, error) {
 	if err := checkRange(p.dev, p.size, off, int64(len(b))); err != nil {
 		return 0, err

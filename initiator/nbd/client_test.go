@@ -176,6 +176,27 @@ func (c *testClient) send(req Request, payload []byte) uint64 {
 	return req.Cookie
 }
 
+// sendTogether writes several requests (without payloads) in one write,
+// so that they reach the server together, and returns their cookies.
+func (c *testClient) sendTogether(reqs ...Request) []uint64 {
+	c.t.Helper()
+	var msg []byte
+	cookies := make([]uint64, len(reqs))
+	c.mu.Lock()
+	for i, req := range reqs {
+		c.cookie++
+		req.Cookie = c.cookie
+		c.pending[req.Cookie] = req
+		cookies[i] = req.Cookie
+		msg = AppendRequest(msg, req)
+	}
+	c.mu.Unlock()
+	if _, err := c.conn.Write(msg); err != nil {
+		c.t.Fatal(err)
+	}
+	return cookies
+}
+
 // recv reads one complete reply.
 func (c *testClient) recv() (reply, error) {
 	var magic [4]byte

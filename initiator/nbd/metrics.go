@@ -13,6 +13,7 @@ type metrics struct {
 	handshakes  *prometheus.CounterVec
 	requests    *prometheus.CounterVec
 	errors      *prometheus.CounterVec
+	handoffs    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -33,8 +34,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "nprdma_nbd_request_errors_total",
 			Help: "NBD requests answered with an error, by command and NBD error value.",
 		}, []string{"command", "error"}),
+		handoffs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nprdma_nbd_handoffs_total",
+			Help: "NBD requests whose goroutine handed the reading of the next request to another before serving them (more than one in flight, or slow); the others were served by the goroutine that read them.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.connections, m.handshakes, m.requests, m.errors} {
+	for _, c := range []prometheus.Collector{m.connections, m.handshakes, m.requests, m.errors, m.handoffs} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("nbd metrics: %w", err)
 		}
@@ -65,6 +70,12 @@ func (m *metrics) request(cmd uint16, errno uint32) {
 	m.requests.WithLabelValues(name).Inc()
 	if errno != 0 {
 		m.errors.WithLabelValues(name, ErrorName(errno)).Inc()
+	}
+}
+
+func (m *metrics) handoff() {
+	if m != nil {
+		m.handoffs.Inc()
 	}
 }
 

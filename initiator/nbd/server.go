@@ -625,18 +625,31 @@ func (c *conn) optionError(opt, typ uint32, msg string) error {
 // of the machines this runs on.
 const handoffAfter = 20 * time.Microsecond
 
+// aloneUpTo: a request that is the only one in flight is served by the
+// goroutine that read it unless requests have been taking longer than this
+// on average (a backend that waits for a device, or for a lost target to
+// come back): then a request the client sends meanwhile would wait that long
+// to be read.
+const aloneUpTo = time.Millisecond
+
 // transmit serves requests until the client disconnects, a protocol error
 // occurs or the server shuts down; it returns after every request in
 // flight has replied.
 //
-// Leader/follower: the worker holding the read lock reads a request. While
-// requests have been completing quickly (an average below handoffAfter), it
-// executes the request still holding the lock, so a fast backend serves a
-// connection from one goroutine with no wake-ups at all. Otherwise it first
-// passes the lock to a follower (started if none is queued, up to
-// maxInFlight), which reads the next request meanwhile. A connection starts
-// out in the second mode, so a backend that blocks from the start never
-// holds up the requests behind.
+// Leader/follower: the worker holding the read lock reads a request. It
+// executes the request still holding the lock when nothing else is in
+// flight or waiting to be read (a client at queue depth 1: handing over
+// would only wake a goroutine to wait for a request that is not coming) and
+// it is a READ or a WRITE without FUA (the others wait for the device),
+// unless requests have been slow (aloneUpTo); and also while requests have
+// been completing quickly (an average below handoffAfter), so a fast
+// backend serves a connection from one goroutine with no wake-ups at all.
+// Otherwise it first passes the lock to a follower (started if none is
+// queued, up to maxInFlight), which reads the next request meanwhile:
+// requests run concurrently as soon as a client has more than one in
+// flight. A request the client sends while a lone one is served waits for
+// it; a timer to hand over a lone request that turns out slow would cost a
+// thread wake-up per request, what serving it here saves.
 func (c *conn) transmit() error {
 	r := &requestReader{c: c, hdr: make([]byte, requestSize), workers: 1}
 	r.avgNanos.Store(int64(handoffAfter))
@@ -656,6 +669,7 @@ type requestReader struct {
 	err      error      // under mu: why
 	workers  int        // under mu
 	waiting  atomic.Int32
+	busy     atomic.Int32 // requests read and not yet replied to
 	avgNanos atomic.Int64 // moving average of request durations
 	done     sync.WaitGroup
 }
@@ -686,7 +700,10 @@ func (r *requestReader) work() {
 		if answered {
 			continue
 		}
-		if r.avgNanos.Load() >= int64(handoffAfter) {
+		avg := time.Duration(r.avgNanos.Load())
+		alone := r.busy.Load() == 0 && r.c.r.Buffered() == 0 && avg < aloneUpTo &&
+			(req.Type == CmdRead || req.Type == CmdWrite && req.Flags&CmdFlagFUA == 0)
+		if !alone && avg >= handoffAfter {
 			if r.waiting.Load() == 0 && r.workers < r.c.s.cfg.maxInFlight {
 				r.workers++
 				r.done.Add(1)
@@ -694,13 +711,15 @@ func (r *requestReader) work() {
 			}
 			r.mu.Unlock()
 			locked = false
+			r.c.s.metrics.handoff()
 		}
+		r.busy.Add(1)
 		start := time.Now()
-		r.c.handle(req, payload)
+		r.c.handle(req, payload, &r.busy)
 		// Exponential moving average over about 8 requests; concurrent
 		// updates may lose one another, which only slows adaptation.
-		avg := r.avgNanos.Load()
-		r.avgNanos.Store(avg + (int64(time.Since(start))-avg)/8)
+		avg = time.Duration(r.avgNanos.Load())
+		r.avgNanos.Store(int64(avg + (time.Since(start)-avg)/8))
 	}
 }
 
@@ -733,8 +752,11 @@ func (c *conn) readRequest(hdr []byte) (req Request, payload *[]byte, answered b
 	return req, payload, false, nil
 }
 
-// handle serves one request and sends its reply.
-func (c *conn) handle(req Request, payload *[]byte) {
+// handle serves one request and sends its reply. It takes the request off
+// busy just before the reply goes: a client at queue depth 1 sends its next
+// request as soon as it has the reply, and whoever reads that one must find
+// nothing else in flight.
+func (c *conn) handle(req Request, payload *[]byte, busy *atomic.Int32) {
 	if payload != nil {
 		defer putBuffer(payload)
 	}
@@ -744,6 +766,7 @@ func (c *conn) handle(req Request, payload *[]byte) {
 		data, errno, msg = c.execute(req, payload)
 	}
 	c.s.metrics.request(req.Type, errno) // before the reply: a client may look right after
+	busy.Add(-1)
 	switch {
 	case errno != 0:
 		c.replyError(req, errno, msg)

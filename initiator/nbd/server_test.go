@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"github.com/nprdma/nprdma/initiator/blockio"
 	"github.com/nprdma/nprdma/internal/leaktest"
 	"github.com/nprdma/nprdma/internal/logtest"
+	"github.com/nprdma/nprdma/internal/promtest"
 )
 
 const (
@@ -431,15 +433,21 @@ func (g *gatedBackend) ReadAt(p []byte, off int64) (int, error) {
 	return g.Backend.ReadAt(p, off)
 }
 
+// TestRequestsOnOneConnectionRunConcurrently: requests that reach the
+// server together are served concurrently, each reader handing the reading
+// of the next one to another goroutine.
 func TestRequestsOnOneConnectionRunConcurrently(t *testing.T) {
 	const n = 8
 	mem := blockio.NewMemory(testExportSize, testBlock)
 	gb := &gatedBackend{Backend: mem, gate: make(chan struct{}), waiting: make(chan struct{}, n)}
-	ts := startServer(t, gb)
+	reg := prometheus.NewRegistry()
+	ts := startServer(t, gb, WithRegisterer(reg))
 	c := dial(t, ts.addr, true)
-	for i := range n {
-		c.send(Request{Type: CmdRead, Offset: uint64(i * testBlock), Length: testBlock}, nil)
+	reqs := make([]Request, n)
+	for i := range reqs {
+		reqs[i] = Request{Type: CmdRead, Offset: uint64(i * testBlock), Length: testBlock}
 	}
+	c.sendTogether(reqs...)
 	// All n reads reach the backend before any of them completes: they
 	// are served concurrently, not one after another.
 	for i := range n {
@@ -460,6 +468,75 @@ func TestRequestsOnOneConnectionRunConcurrently(t *testing.T) {
 	}
 	if len(seen) != n {
 		t.Fatalf("%d distinct replies, want %d", len(seen), n)
+	}
+	if h := promtest.Sum(t, reg, "nprdma_nbd_handoffs_total"); h != n {
+		t.Fatalf("%v hand-offs, want %d", h, n)
+	}
+}
+
+// delayedBackend takes delay over every request, like a remote backend. It
+// spins: a sleep this short can take a millisecond.
+type delayedBackend struct {
+	blockio.Backend
+	delay atomic.Int64
+}
+
+func (d *delayedBackend) wait() {
+	for start := time.Now(); time.Since(start) < time.Duration(d.delay.Load()); {
+	}
+}
+
+func (d *delayedBackend) ReadAt(p []byte, off int64) (int, error) {
+	d.wait()
+	return d.Backend.ReadAt(p, off)
+}
+
+func (d *delayedBackend) WriteAt(p []byte, off int64) (int, error) {
+	d.wait()
+	return d.Backend.WriteAt(p, off)
+}
+
+func (d *delayedBackend) Flush() error {
+	d.wait()
+	return d.Backend.Flush()
+}
+
+// TestLoneRequestsAreServedByTheirReader: a client with one request in flight
+// at a time (queue depth 1) against a backend slower than a hand-off is
+// served by the goroutine that reads its requests, with no hand-off, reads
+// and writes alike; a FLUSH, and everything once requests take longer than
+// aloneUpTo on average, is handed off.
+func TestLoneRequestsAreServedByTheirReader(t *testing.T) {
+	mem := blockio.NewMemory(testExportSize, testBlock)
+	db := &delayedBackend{Backend: mem}
+	db.delay.Store(int64(2 * handoffAfter))
+	reg := prometheus.NewRegistry()
+	ts := startServer(t, db, WithRegisterer(reg))
+	c := dial(t, ts.addr, true)
+	handoffs := func() float64 { return promtest.Sum(t, reg, "nprdma_nbd_handoffs_total") }
+	data := pattern(testBlock, 7)
+	for i := range 50 {
+		off := uint64(i%8) * testBlock
+		if rep := c.do(Request{Type: CmdWrite, Offset: off, Length: testBlock}, data); rep.errno != 0 {
+			t.Fatalf("write: errno %d", rep.errno)
+		}
+		if rep := c.do(Request{Type: CmdRead, Offset: off, Length: testBlock}, nil); rep.errno != 0 || !bytes.Equal(rep.data, data) {
+			t.Fatalf("read: errno %d, data equal %v", rep.errno, bytes.Equal(rep.data, data))
+		}
+	}
+	if h := handoffs(); h != 0 {
+		t.Fatalf("%v hand-offs at queue depth 1, want 0", h)
+	}
+	c.do(Request{Type: CmdFlush}, nil)
+	if h := handoffs(); h != 1 {
+		t.Fatalf("%v hand-offs after a FLUSH, want 1", h)
+	}
+	db.delay.Store(int64(2 * aloneUpTo))
+	for range 20 {
+		c.do(Request{Type: CmdRead, Length: testBlock}, nil)
+	}
+	if h := handoffs(); h < 10 {
+		t.Fatalf("%v hand-offs once requests take %v, want most of 20", h, 2*aloneUpTo)
 	}
 }
 

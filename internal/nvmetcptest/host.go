@@ -104,6 +104,19 @@ func (h *Host) Connect(t testing.TB, qid, sqsize uint16, subNQN, hostNQN string,
 // reads (C2HData). Its CID and SGL are set here. A completion with an error
 // status is not an error of Exec: the status is in the completion.
 func (h *Host) Exec(cmd nvme.Command, out, in []byte) (nvme.Completion, error) {
+	cid, err := h.Send(cmd, out, len(in))
+	if err != nil {
+		return nvme.Completion{}, err
+	}
+	h.Conn.SetDeadline(time.Now().Add(Timeout))
+	defer h.Conn.SetDeadline(time.Time{})
+	return h.Await(cid, out, in)
+}
+
+// Send sends cmd without waiting for it and returns its CID, for Await:
+// out is the data it writes (as Exec), inLen the length of the data it
+// reads.
+func (h *Host) Send(cmd nvme.Command, out []byte, inLen int) (uint16, error) {
 	h.cid++
 	cmd.CID = h.cid
 	cmd.Flags = nvme.FlagsSGL
@@ -115,15 +128,12 @@ func (h *Host) Exec(cmd nvme.Command, out, in []byte) (nvme.Completion, error) {
 	case len(out) > 0:
 		cmd.DPTR = nvme.TransportSGL(uint32(len(out)))
 	default:
-		cmd.DPTR = nvme.TransportSGL(uint32(len(in)))
+		cmd.DPTR = nvme.TransportSGL(uint32(inLen))
 	}
-	h.Conn.SetDeadline(time.Now().Add(Timeout))
-	defer h.Conn.SetDeadline(time.Time{})
+	h.Conn.SetWriteDeadline(time.Now().Add(Timeout))
+	defer h.Conn.SetWriteDeadline(time.Time{})
 	h.W.CapsuleCmd(&cmd, icd)
-	if err := h.W.Flush(); err != nil {
-		return nvme.Completion{}, err
-	}
-	return h.Await(cmd.CID, out, in)
+	return cmd.CID, h.W.Flush()
 }
 
 // Await reads PDUs until the completion of command cid: it answers R2Ts
@@ -131,58 +141,75 @@ func (h *Host) Exec(cmd nvme.Command, out, in []byte) (nvme.Completion, error) {
 // successful completion. A termination request is an error wrapping
 // tcp.ErrTermReq.
 func (h *Host) Await(cid uint16, out, in []byte) (nvme.Completion, error) {
-	got := 0
-	for {
+	cs, err := h.AwaitAll(map[uint16]Transfer{cid: {Out: out, In: in}})
+	return cs[cid], err
+}
+
+// Transfer is the data of a command in flight: Out answers its R2Ts, In
+// takes its C2HData.
+type Transfer struct{ Out, In []byte }
+
+// AwaitAll reads PDUs until every command of cmds has completed, in
+// whatever order their PDUs come, and returns their completions (as Await
+// does for one). A PDU of a command not in cmds is an error.
+func (h *Host) AwaitAll(cmds map[uint16]Transfer) (map[uint16]nvme.Completion, error) {
+	got := make(map[uint16]int, len(cmds))
+	done := make(map[uint16]nvme.Completion, len(cmds))
+	for len(done) < len(cmds) {
 		p, err := h.R.Next()
 		if err != nil {
-			return nvme.Completion{}, err
+			return done, err
 		}
 		switch p.Type {
 		case tcp.TypeCapsuleResp:
 			c, _ := tcp.ParseCapsuleResp(p.Bytes())
-			if c.CID != cid {
-				return c, fmt.Errorf("completion of CID %d while waiting for %d", c.CID, cid)
+			x, ok := cmds[c.CID]
+			if _, twice := done[c.CID]; !ok || twice {
+				return done, fmt.Errorf("completion of CID %d, not awaited", c.CID)
 			}
-			if c.Status.OK() && got != len(in) {
-				return c, fmt.Errorf("%d of %d bytes of data before the completion", got, len(in))
+			done[c.CID] = c
+			if c.Status.OK() && got[c.CID] != len(x.In) {
+				return done, fmt.Errorf("CID %d: %d of %d bytes of data before the completion", c.CID, got[c.CID], len(x.In))
 			}
-			return c, nil
 		case tcp.TypeC2HData:
 			var d tcp.DataHeader
 			_ = d.Unmarshal(p.Bytes())
-			if d.CCCID != cid || int(d.DATAO) != got || int(d.DATAO)+int(d.DATAL) > len(in) {
-				return nvme.Completion{}, fmt.Errorf("C2HData %+v for CID %d after %d bytes of %d", d, cid, got, len(in))
+			x, ok := cmds[d.CCCID]
+			if !ok || int(d.DATAO) != got[d.CCCID] || int(d.DATAO)+int(d.DATAL) > len(x.In) {
+				return done, fmt.Errorf("C2HData %+v after %d bytes of %d", d, got[d.CCCID], len(x.In))
 			}
-			if err := h.R.ReadData(in[d.DATAO : d.DATAO+d.DATAL]); err != nil {
-				return nvme.Completion{}, err
+			if err := h.R.ReadData(x.In[d.DATAO : d.DATAO+d.DATAL]); err != nil {
+				return done, err
 			}
-			got += int(d.DATAL)
+			got[d.CCCID] += int(d.DATAL)
 			if d.Success {
-				return nvme.Completion{CID: cid, SQHD: 0xffff}, nil
+				done[d.CCCID] = nvme.Completion{CID: d.CCCID, SQHD: 0xffff}
 			}
 		case tcp.TypeR2T:
 			var r tcp.R2T
 			_ = r.Unmarshal(p.Bytes())
-			if r.CCCID != cid || uint64(r.R2TO)+uint64(r.R2TL) > uint64(len(out)) {
-				return nvme.Completion{}, fmt.Errorf("R2T %+v for CID %d with %d bytes to write", r, cid, len(out))
+			out := cmds[r.CCCID].Out
+			if uint64(r.R2TO)+uint64(r.R2TL) > uint64(len(out)) {
+				return done, fmt.Errorf("R2T %+v for CID %d with %d bytes to write", r, r.CCCID, len(out))
 			}
 			for off := r.R2TO; off < r.R2TO+r.R2TL; {
 				n := min(r.R2TO+r.R2TL-off, h.Resp.MAXH2CDATA)
-				d := tcp.DataHeader{CCCID: cid, TTAG: r.TTAG, DATAO: off, Last: off+n == r.R2TO+r.R2TL}
+				d := tcp.DataHeader{CCCID: r.CCCID, TTAG: r.TTAG, DATAO: off, Last: off+n == r.R2TO+r.R2TL}
 				h.W.H2CData(&d, out[off:off+n])
 				off += n
 			}
 			if err := h.W.Flush(); err != nil {
-				return nvme.Completion{}, err
+				return done, err
 			}
 		case tcp.TypeC2HTermReq:
 			data := make([]byte, p.DataLen)
 			_ = h.R.ReadData(data)
 			var tr tcp.TermReq
 			_ = tr.Unmarshal(p.Bytes(), data)
-			return nvme.Completion{}, &TermReqError{TermReq: tr}
+			return done, &TermReqError{TermReq: tr}
 		}
 	}
+	return done, nil
 }
 
 // TermReqError is the C2HTermReq a controller sent.

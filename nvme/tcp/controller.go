@@ -27,10 +27,11 @@ type QueueStats struct {
 	H2CData      uint64 // H2CData PDUs received
 	C2HData      uint64 // C2HData PDUs sent
 	Completions  uint64 // completions sent (CapsuleResp, or C2HData with SUCCESS)
+	Writes       uint64 // vectored writes of the connection (each carries one or more PDUs)
 }
 
 type queueCounters struct {
-	capsules, malformed, digestErrors, r2ts, h2cData, c2hData, completions atomic.Uint64
+	capsules, malformed, digestErrors, r2ts, h2cData, c2hData, completions, writes atomic.Uint64
 }
 
 // ControllerQueue is the controller side of one NVMe/TCP connection: it
@@ -41,7 +42,11 @@ type queueCounters struct {
 // One goroutine reads the connection (the receive loop); completions are
 // written by the goroutines that complete commands: the first to find no
 // write in progress writes everything queued, in one writev, while others
-// queue behind it, so completions that come together leave together.
+// queue behind it, so completions that come together leave together. While
+// the receive loop has further PDUs buffered whole, it holds writing back
+// (for up to sendBatch PDUs): the completions of commands its handler
+// completes at once (a target's resident reads) then leave in one writev
+// once it has read what arrived together, instead of one each.
 type ControllerQueue struct {
 	l       *Listener
 	conn    net.Conn
@@ -62,6 +67,7 @@ type ControllerQueue struct {
 	out      *batch
 	spare    *batch
 	writing  bool
+	hold     bool        // the receive loop holds writing back (see loop)
 	queued   uint64      // batches taken for writing (out becomes number queued+1)
 	flushed  uint64      // batches written (or discarded)
 	sqfcOff  atomic.Bool // SQ flow control disabled (Connect CATTR): SQHD 0xFFFF, C2HData SUCCESS
@@ -118,7 +124,8 @@ func (q *ControllerQueue) Err() error {
 func (q *ControllerQueue) Stats() QueueStats {
 	s := &q.stats
 	return QueueStats{Capsules: s.capsules.Load(), Malformed: s.malformed.Load(), DigestErrors: s.digestErrors.Load(),
-		R2Ts: s.r2ts.Load(), H2CData: s.h2cData.Load(), C2HData: s.c2hData.Load(), Completions: s.completions.Load()}
+		R2Ts: s.r2ts.Load(), H2CData: s.h2cData.Load(), C2HData: s.c2hData.Load(), Completions: s.completions.Load(),
+		Writes: s.writes.Load()}
 }
 
 // Start runs the receive loop, handing every well-formed command to h on
@@ -171,6 +178,10 @@ func (q *ControllerQueue) fail(err error) {
 	}
 }
 
+// sendBatch bounds how many PDUs the receive loop handles while it holds
+// writing back: the completions of the first ones wait for the last.
+const sendBatch = 16
+
 func (q *ControllerQueue) loop() {
 	defer close(q.loopDone)
 	if q.first != nil {
@@ -178,7 +189,16 @@ func (q *ControllerQueue) loop() {
 		q.first = nil
 		q.handler(r)
 	}
+	held := 0
 	for !q.failedFlag.Load() {
+		// Hold writing back only while the next PDU is here already:
+		// before the loop may wait for the host, everything queued goes.
+		held++
+		hold := held < sendBatch && q.rd.NextBuffered()
+		if !hold {
+			held = 0
+		}
+		q.holdSends(hold)
 		h, err := q.rd.Next()
 		if err == nil {
 			switch h.Type {
@@ -194,10 +214,12 @@ func (q *ControllerQueue) loop() {
 			}
 		}
 		if err != nil {
+			q.holdSends(false)
 			q.readFailed(err)
 			break
 		}
 	}
+	q.holdSends(false)
 	q.closeOnce.Do(q.teardown)
 }
 
@@ -396,8 +418,9 @@ func (q *ControllerQueue) onTermReq(h *Header) error {
 
 // send queues the PDUs add writes (for request r, whose buffers they may
 // reference; nil for none) and writes everything queued unless another
-// goroutine is writing, which then writes them. It returns the number of
-// the batch they are in: written once q.flushed reaches it.
+// goroutine is writing, which then writes them, or the receive loop holds
+// writing back, and then writes them when it stops holding. It returns the
+// number of the batch they are in: written once q.flushed reaches it.
 func (q *ControllerQueue) send(r *Request, add func(w *Writer)) uint64 {
 	q.smu.Lock()
 	add(q.out.w)
@@ -405,10 +428,30 @@ func (q *ControllerQueue) send(r *Request, add func(w *Writer)) uint64 {
 		q.out.reqs = append(q.out.reqs, r)
 	}
 	seq := q.queued + 1
-	if q.writing {
+	if q.writing || q.hold {
 		q.smu.Unlock()
 		return seq
 	}
+	q.writeLocked()
+	return seq
+}
+
+// holdSends sets whether the receive loop holds writing back; when it
+// stops, what was queued meanwhile is written unless another goroutine is
+// writing.
+func (q *ControllerQueue) holdSends(hold bool) {
+	q.smu.Lock()
+	q.hold = hold
+	if hold || q.writing || q.out.w.Buffered() == 0 && len(q.out.reqs) == 0 {
+		q.smu.Unlock()
+		return
+	}
+	q.writeLocked()
+}
+
+// writeLocked writes everything queued, and what is queued while it writes,
+// then returns with smu released. Called with smu held and nobody writing.
+func (q *ControllerQueue) writeLocked() {
 	q.writing = true
 	for q.out.w.Buffered() > 0 || len(q.out.reqs) > 0 {
 		b := q.out
@@ -421,6 +464,7 @@ func (q *ControllerQueue) send(r *Request, add func(w *Writer)) uint64 {
 		} else {
 			_ = q.conn.SetWriteDeadline(time.Now().Add(q.wtimeout))
 			err = b.w.Flush()
+			q.stats.writes.Add(1)
 		}
 		for i, r := range b.reqs {
 			r.release()
@@ -437,7 +481,6 @@ func (q *ControllerQueue) send(r *Request, add func(w *Writer)) uint64 {
 	}
 	q.writing = false
 	q.smu.Unlock()
-	return seq
 }
 
 // releaseUnsent releases a request that was never handed out.

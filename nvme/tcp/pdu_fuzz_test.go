@@ -21,7 +21,8 @@ const fuzzLimit = 64 << 10
 // FuzzReader reads an arbitrary stream as one side of a connection (the
 // controller's, or the host's), from the initial exchange or from an
 // initialized connection, with the digests and alignment the input picks.
-// The reader never panics; it never accepts a PDU whose data is above the
+// The reader never panics; when NextBuffered says the next PDU is buffered
+// whole, Next reads nothing more from the source; it never accepts a PDU whose data is above the
 // limits, whose header disagrees with its type, or whose header digest is
 // wrong; every refusal is a *ProtocolError with a defined FES and at most
 // 128 bytes of offending header, or an error of the stream; a PDU it
@@ -39,12 +40,17 @@ func FuzzReader(f *testing.F) {
 		negotiated := mode&8 != 0
 		pda := (mode >> 4) & 3
 		lim := Limits{InCapsuleData: 4096, MaxH2CData: fuzzLimit, MaxC2HData: fuzzLimit}
-		r := NewReader(bytes.NewReader(stream), role, WithReadBuffer(64))
+		src := &countingReader{r: bytes.NewReader(stream)}
+		r := NewReader(src, role, WithReadBuffer(64))
 		if negotiated {
 			r.Negotiated(dg, pda, lim)
 		}
 		for i := 0; i < 64; i++ {
+			buffered, reads := r.NextBuffered(), src.reads
 			h, err := r.Next()
+			if buffered && src.reads != reads {
+				t.Fatalf("NextBuffered said the next PDU was buffered, and Next read the source (%v)", err)
+			}
 			if err != nil {
 				var pe *ProtocolError
 				switch {
@@ -78,6 +84,17 @@ func FuzzReader(f *testing.F) {
 			}
 		}
 	})
+}
+
+// countingReader counts the reads of its source.
+type countingReader struct {
+	r     io.Reader
+	reads int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	c.reads++
+	return c.r.Read(p)
 }
 
 // checkRewrite decodes an accepted PDU, writes it again and reads it back:

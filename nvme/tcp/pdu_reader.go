@@ -120,6 +120,22 @@ func (r *Reader) SetLimits(lim Limits) { r.lim = lim }
 // Buffered is the number of bytes read from the source and not yet consumed.
 func (r *Reader) Buffered() int { return r.br.Buffered() }
 
+// NextBuffered reports whether the next PDU (after what is left of the
+// current one) is buffered whole, so that reading it will not wait for the
+// source.
+func (r *Reader) NextBuffered() bool {
+	skip := r.pad + r.data + r.ddgst
+	n := r.br.Buffered() - skip
+	if n < CommonHeaderSize {
+		return false
+	}
+	b, err := r.br.Peek(skip + CommonHeaderSize)
+	if err != nil {
+		return false
+	}
+	return int64(n) >= int64(le.Uint32(b[skip+offPLEN:]))
+}
+
 // Next reads the next PDU's header, skipping what is left of the previous
 // PDU's data. It checks the common header in the order the fields come
 // (type, flags, HLEN, PDO, PLEN), the data length against the limits, and

@@ -338,6 +338,72 @@ func TestNextSkipsUnreadData(t *testing.T) {
 	wantProtocolError(t, r, FESInvalidHeaderField, 0)
 }
 
+// chunks is a source that returns its parts one per Read.
+type chunks [][]byte
+
+func (c *chunks) Read(p []byte) (int, error) {
+	if len(*c) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, (*c)[0])
+	if (*c)[0] = (*c)[0][n:]; len((*c)[0]) == 0 {
+		*c = (*c)[1:]
+	}
+	return n, nil
+}
+
+// TestNextBuffered: NextBuffered says whether the PDU after the current one
+// (past its unread data, padding and digest) is buffered whole, without
+// reading the source.
+func TestNextBuffered(t *testing.T) {
+	for _, dg := range []Digests{0, HeaderDigest | DataDigest} {
+		cmd := mustCmd(t)
+		var buf bytes.Buffer
+		w := NewWriter(&buf)
+		w.Negotiated(dg, 0)
+		w.CapsuleCmd(&cmd, pattern(1000, 1))
+		w.Flush()
+		first := buf.Len()
+		w.CapsuleCmd(&cmd, nil)
+		w.Flush()
+		stream := buf.Bytes()
+		src := chunks{stream[:first+10], stream[first+10:]}
+		r := NewReader(&src, RoleController)
+		r.Negotiated(dg, 0, Limits{InCapsuleData: 4096})
+		if r.NextBuffered() {
+			t.Fatalf("%v: NextBuffered before anything was read", dg)
+		}
+		if h, err := r.Next(); err != nil || h.DataLen != 1000 {
+			t.Fatalf("%v: %v %+v", dg, err, h)
+		}
+		if r.NextBuffered() {
+			t.Fatalf("%v: NextBuffered with 10 bytes of the second capsule read", dg)
+		}
+		if len(src) != 1 {
+			t.Fatalf("%v: NextBuffered read the source", dg)
+		}
+		if _, err := r.Next(); err != nil { // skips the first capsule's data
+			t.Fatal(err)
+		}
+		if r.NextBuffered() {
+			t.Fatalf("%v: NextBuffered at the end of the stream", dg)
+		}
+
+		src = chunks{stream}
+		r = NewReader(&src, RoleController)
+		r.Negotiated(dg, 0, Limits{InCapsuleData: 4096})
+		if _, err := r.Next(); err != nil {
+			t.Fatal(err)
+		}
+		if !r.NextBuffered() {
+			t.Fatalf("%v: the second capsule is buffered whole behind the first's data, NextBuffered says no", dg)
+		}
+		if err := r.ReadData(make([]byte, 1000)); err != nil || !r.NextBuffered() {
+			t.Fatalf("%v: after the first capsule's data: %v, NextBuffered %v", dg, err, r.NextBuffered())
+		}
+	}
+}
+
 // TestStallTimeout: a peer that stops in the middle of a PDU is timed out;
 // one that is idle between PDUs is not.
 func TestStallTimeout(t *testing.T) {
