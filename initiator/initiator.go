@@ -222,7 +222,8 @@ type session struct {
 // regionInfo is a namespace's region descriptor in one session (nil
 // descriptor: the target offers no one-sided reads for it).
 type regionInfo struct {
-	desc *nvme.RegionDescriptor
+	desc  *nvme.RegionDescriptor
+	hints frameHints // a format 2 descriptor's frames, as last read
 }
 
 // Connect connects to subsystem subNQN of the target at addr over the

@@ -25,6 +25,12 @@ type Stats struct {
 	// MinorResolved, MajorResolved: faults the target reports it resolved
 	// for the fallback reads (zero fill / read from its backing device).
 	MinorResolved, MajorResolved uint64
+	// FrameTableReads, FrameMisses, FrameRejects, for a target that serves
+	// frames (docs/np-rdma.md §11): buckets of its table read; blocks the
+	// table did not hold; blocks whose frame did not prove itself the
+	// block's current content. Both kinds are read two-sided and counted
+	// in SuspectedPages too.
+	FrameTableReads, FrameMisses, FrameRejects uint64
 	// TwoSidedReads: transfers read with NVMe Read alone (no region
 	// descriptor, or one-sided reads disabled).
 	TwoSidedReads                       uint64
@@ -53,6 +59,7 @@ type counters struct {
 	minorResolved, majorResolved, twoSidedReads                  atomic.Uint64
 	writes, flushes, trims, writeZeroes, reconnects              atomic.Uint64
 	targetRestarts, targetRestartsUnclean                        atomic.Uint64
+	frameTableReads, frameMisses, frameRejects                   atomic.Uint64
 }
 
 // Stats returns a snapshot of the controller's counters.
@@ -67,6 +74,7 @@ func (c *Controller) Stats() Stats {
 		TwoSidedReads: k.twoSidedReads.Load(), Writes: k.writes.Load(), Flushes: k.flushes.Load(),
 		Trims: k.trims.Load(), WriteZeroes: k.writeZeroes.Load(), Reconnects: k.reconnects.Load(),
 		TargetRestarts: k.targetRestarts.Load(), TargetRestartsUnclean: k.targetRestartsUnclean.Load(),
+		FrameTableReads: k.frameTableReads.Load(), FrameMisses: k.frameMisses.Load(), FrameRejects: k.frameRejects.Load(),
 	}
 	s.Reads = s.OneSidedReads + s.TwoSidedReads
 	return s
@@ -125,6 +133,9 @@ var counterHelp = map[string]string{
 	"nprdma_initiator_reconnects_total":              "Sessions re-established after a connection loss.",
 	"nprdma_initiator_target_restarts_total":         "Reconnects that found another target process.",
 	"nprdma_initiator_target_unclean_restarts_total": "Target restarts after a stop without a clean shutdown (or with no record of it): unflushed writes may be lost.",
+	"nprdma_initiator_frame_table_reads_total":       "Buckets of a target's frame table read with one-sided RDMA READs.",
+	"nprdma_initiator_frame_misses_total":            "Blocks a target's frame table did not hold (read with NVMe Read).",
+	"nprdma_initiator_frame_rejects_total":           "Frames that did not prove themselves the block's current content (read with NVMe Read).",
 }
 
 func newPromMetrics(reg prometheus.Registerer, c *Controller) (*promMetrics, error) {
@@ -191,6 +202,9 @@ func (m *promMetrics) Collect(ch chan<- prometheus.Metric) {
 		"nprdma_initiator_reconnects_total":              s.Reconnects,
 		"nprdma_initiator_target_restarts_total":         s.TargetRestarts,
 		"nprdma_initiator_target_unclean_restarts_total": s.TargetRestartsUnclean,
+		"nprdma_initiator_frame_table_reads_total":       s.FrameTableReads,
+		"nprdma_initiator_frame_misses_total":            s.FrameMisses,
+		"nprdma_initiator_frame_rejects_total":           s.FrameRejects,
 	}
 	for name, v := range values {
 		ch <- prometheus.MustNewConstMetric(m.descs[name], prometheus.CounterValue, float64(v))

@@ -386,6 +386,7 @@ func (s *session) region(ctx context.Context, nsid uint32) (*nvme.RegionDescript
 		}
 		if d.Flags&nvme.RegionRemoteRead != 0 && d.PageSize == BlockSize && d.LBASize == BlockSize {
 			ri.desc = &d
+			ri.hints.max = 2 * int(d.Frames)
 		}
 	case errors.Is(err, nvme.StatusInvalidOpcode), errors.Is(err, nvme.StatusInvalidField):
 		// A target without the NP extension (or not exporting this
@@ -481,13 +482,15 @@ func (n *Namespace) readChunk(ctx context.Context, s *session, p []byte, off int
 	rr := c.b.remote()
 	// A range beyond the descriptor (the namespace grew since it was
 	// fetched: events.go) is read two-sided: the registration covers no more.
-	if desc == nil || !c.cfg.oneSided || !oneSided || rr == nil || uint64(off)+uint64(len(p)) > desc.Length {
-		cmd, err := n.readCmd(len(p), off)
-		if err != nil {
-			return err
-		}
-		cqe, err := q.Submit(ctx, cmd, p)
-		if err := n.readDone(cqe, err, len(p), off); err != nil {
+	covered := desc != nil && uint64(off)+uint64(len(p)) <= desc.Length
+	if covered && c.cfg.oneSided && oneSided && rr != nil && desc.Format == nvme.RegionDescriptorFormat2 {
+		s.mu.Lock()
+		ri := s.regions[n.nsid]
+		s.mu.Unlock()
+		return n.readFrames(ctx, q, rq, rr, ri, p, off, start)
+	}
+	if !covered || !c.cfg.oneSided || !oneSided || rr == nil {
+		if err := n.readTwoSided(ctx, q, p, off); err != nil {
 			return err
 		}
 		c.ctr.twoSidedReads.Add(1)
@@ -555,6 +558,16 @@ func isMagicPage(pg []byte, magic uint64) bool {
 		}
 	}
 	return true
+}
+
+// readTwoSided reads p at off with one NVMe Read.
+func (n *Namespace) readTwoSided(ctx context.Context, q hostQueue, p []byte, off int64) error {
+	cmd, err := n.readCmd(len(p), off)
+	if err != nil {
+		return err
+	}
+	cqe, err := q.Submit(ctx, cmd, p)
+	return n.readDone(cqe, err, len(p), off)
 }
 
 // readCmd is the NVMe Read of length bytes at off.

@@ -83,6 +83,7 @@ type hostQueue interface {
 // registered buffer, and the NVMe Read fallback into the same buffer.
 type remoteReader interface {
 	ReadRemote(ctx context.Context, buf *nprdma.Buffer, off, n int, raddr uint64, rkey uint32) error
+	ReadRemoteBatch(ctx context.Context, buf *nprdma.Buffer, reads []fabric.RemoteRead) error
 	SubmitBuffer(ctx context.Context, cmd nvme.Command, buf *nprdma.Buffer, off, n int) (nvme.Completion, error)
 }
 

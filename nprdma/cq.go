@@ -17,8 +17,8 @@ import (
 // whose completion is dropped moves to the error state (ErrCQOverflow).
 // Poll still returns what the queue held; Wait returns ErrCQOverflow once it
 // is empty, so a waiter never hangs on a completion that was lost.
-type CQ struct {
-	dev      *Device
+type softCQ struct {
+	dev      *softDevice
 	depth    int
 	busyPoll time.Duration
 
@@ -34,13 +34,13 @@ type CQ struct {
 	users    atomic.Int32 // queue pairs attached
 	dead     atomic.Bool  // overflowed or closed: Wait must not park
 
-	qps    map[*QP]int        // attached queue pairs (as send and/or receive CQ), under mu
-	solo   atomic.Pointer[QP] // the only queue pair attached, if there is one
-	waiter cqWaiter           // what Wait passes to Driver.Drive
+	qps    map[*softQP]int        // attached queue pairs (as send and/or receive CQ), under mu
+	solo   atomic.Pointer[softQP] // the only queue pair attached, if there is one
+	waiter cqWaiter               // what Wait passes to Driver.Drive
 }
 
 // cqWaiter is a CQ's goroutine in Wait, as a link driver sees it.
-type cqWaiter struct{ cq *CQ }
+type cqWaiter struct{ cq *softCQ }
 
 // Done implements DriveWaiter: the queue has a completion or an error.
 func (w *cqWaiter) Done() bool { return w.cq.avail.Load() > 0 || w.cq.dead.Load() }
@@ -55,7 +55,7 @@ func (w *cqWaiter) BusyPoll() time.Duration { return w.cq.spinBudget() }
 // spinBudget is how long Wait may spin before it blocks: the CQ's busy-poll
 // time when there is a spare P, else 0 (with a single P spinning would only
 // delay the goroutine that delivers the completion).
-func (cq *CQ) spinBudget() time.Duration {
+func (cq *softCQ) spinBudget() time.Duration {
 	if cq.busyPoll > 0 && runtime.GOMAXPROCS(0) > 1 {
 		return cq.busyPoll
 	}
@@ -64,17 +64,17 @@ func (cq *CQ) spinBudget() time.Duration {
 
 // attach and detach keep track of the queue pairs using the CQ: a waiter
 // may drive the link of the only one (direct completion, see Wait).
-func (cq *CQ) attach(qp *QP) {
+func (cq *softCQ) attach(qp *softQP) {
 	cq.mu.Lock()
 	if cq.qps == nil {
-		cq.qps = map[*QP]int{}
+		cq.qps = map[*softQP]int{}
 	}
 	cq.qps[qp]++
 	cq.setSoloLocked()
 	cq.mu.Unlock()
 }
 
-func (cq *CQ) detach(qp *QP) {
+func (cq *softCQ) detach(qp *softQP) {
 	cq.mu.Lock()
 	if cq.qps[qp]--; cq.qps[qp] <= 0 {
 		delete(cq.qps, qp)
@@ -83,8 +83,8 @@ func (cq *CQ) detach(qp *QP) {
 	cq.mu.Unlock()
 }
 
-func (cq *CQ) setSoloLocked() {
-	var solo *QP
+func (cq *softCQ) setSoloLocked() {
+	var solo *softQP
 	if len(cq.qps) == 1 {
 		for qp := range cq.qps {
 			solo = qp
@@ -93,37 +93,29 @@ func (cq *CQ) setSoloLocked() {
 	cq.solo.Store(solo)
 }
 
-// CQOption configures a CQ.
-type CQOption func(*CQ)
-
-// WithBusyPoll makes Wait spin for up to d before parking the goroutine.
-// Spinning trades a CPU for latency: waking a parked goroutine costs tens of
-// microseconds when it has to wake another CPU.
-func WithBusyPoll(d time.Duration) CQOption { return func(cq *CQ) { cq.busyPoll = d } }
-
 // NewCQ creates a completion queue holding up to depth completions (at least
 // 1).
-func (d *Device) NewCQ(depth int, opts ...CQOption) *CQ {
+func (d *softDevice) NewCQ(depth int, busyPoll time.Duration) (CQDriver, error) {
 	if depth < 1 {
 		depth = 1
 	}
-	cq := &CQ{dev: d, depth: depth, buf: make([]WC, depth), bell: make(chan struct{}, 1)}
+	cq := &softCQ{dev: d, depth: depth, busyPoll: busyPoll, buf: make([]WC, depth), bell: make(chan struct{}, 1)}
 	cq.waiter.cq = cq
-	for _, o := range opts {
-		o(cq)
-	}
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fmt.Errorf("nprdma: create completion queue: device %s: %w", d.name, ErrClosed)
+	}
 	d.cqs[cq] = struct{}{}
-	d.mu.Unlock()
-	return cq
+	return cq, nil
 }
 
 // Depth is the capacity of the queue.
-func (cq *CQ) Depth() int { return cq.depth }
+func (cq *softCQ) Depth() int { return cq.depth }
 
 // push appends completions; it reports false if any was dropped because the
 // queue is full (or closed).
-func (cq *CQ) push(wcs ...WC) bool {
+func (cq *softCQ) push(wcs ...WC) bool {
 	cq.mu.Lock()
 	ok := true
 	for _, wc := range wcs {
@@ -146,7 +138,7 @@ func (cq *CQ) push(wcs ...WC) bool {
 	return ok
 }
 
-func (cq *CQ) ring() {
+func (cq *softCQ) ring() {
 	select {
 	case cq.bell <- struct{}{}:
 	default:
@@ -155,7 +147,7 @@ func (cq *CQ) ring() {
 
 // Poll moves up to len(wcs) completions into wcs without waiting and returns
 // how many.
-func (cq *CQ) Poll(wcs []WC) int {
+func (cq *softCQ) Poll(wcs []WC) int {
 	if cq.avail.Load() == 0 || len(wcs) == 0 {
 		return 0
 	}
@@ -185,7 +177,7 @@ func (cq *CQ) Poll(wcs []WC) int {
 // Driver. This does not change what Wait returns, only who runs the
 // receive path. A busy-polling CQ's waiter then spins on the link itself
 // (DriveWaiter.BusyPoll); when it cannot drive it spins on the queue.
-func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
+func (cq *softCQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 	if len(wcs) == 0 {
 		return 0, fmt.Errorf("nprdma: cq wait: empty completion slice")
 	}
@@ -235,7 +227,7 @@ func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 // deliver the completion is often runnable on this very P (the waiter's own
 // post made it so), and without the yield it would wait for another P to
 // steal it, or for the spin to end (loop READ 1.4 µs → 120 µs).
-func (cq *CQ) spin(ctx context.Context, wcs []WC, d time.Duration) int {
+func (cq *softCQ) spin(ctx context.Context, wcs []WC, d time.Duration) int {
 	deadline := nanotime() + int64(d)
 	for i := 1; ; i++ {
 		if cq.avail.Load() > 0 {
@@ -260,7 +252,7 @@ func (cq *CQ) spin(ctx context.Context, wcs []WC, d time.Duration) int {
 // drive receives on the link of the CQ's only queue pair until a completion
 // arrives or ctx ends; false if it cannot (several queue pairs, a link that
 // does not allow it or is busy receiving elsewhere).
-func (cq *CQ) drive(ctx context.Context) bool {
+func (cq *softCQ) drive(ctx context.Context) bool {
 	qp := cq.solo.Load()
 	if qp == nil || qp.State() != QPStateRTS {
 		return false
@@ -272,7 +264,7 @@ func (cq *CQ) drive(ctx context.Context) bool {
 	return d.Drive(ctx, &cq.waiter)
 }
 
-func (cq *CQ) err() error {
+func (cq *softCQ) err() error {
 	if !cq.dead.Load() {
 		return nil
 	}
@@ -288,7 +280,7 @@ func (cq *CQ) err() error {
 }
 
 // Overflowed reports whether a completion was ever dropped.
-func (cq *CQ) Overflowed() bool {
+func (cq *softCQ) Overflowed() bool {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	return cq.overflowed
@@ -296,7 +288,7 @@ func (cq *CQ) Overflowed() bool {
 
 // Close releases the queue. Like ibv_destroy_cq it fails while queue pairs
 // that are not closed use it. Waiters return ErrClosed.
-func (cq *CQ) Close() error {
+func (cq *softCQ) Close() error {
 	if n := cq.users.Load(); n > 0 {
 		return fmt.Errorf("nprdma: close completion queue: used by %d queue pairs", n)
 	}

@@ -7,13 +7,15 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
-// Device is an RDMA device on top of a Provider: the factory of protection
-// domains, completion queues and listeners, and the owner of the key tables
-// its NIC engine validates remote access against.
-type Device struct {
-	prov Provider
+// softDevice is the software NIC: a DeviceDriver on top of a Provider, the
+// factory of protection domains, completion queues and listeners, and the
+// owner of the key tables its NIC engine validates remote access against.
+type softDevice struct {
+	prov link.Provider
 	name string
 	pin  bool
 
@@ -21,81 +23,69 @@ type Device struct {
 
 	mu        sync.Mutex
 	closed    bool
-	pds       map[*PD]struct{}
-	qps       map[*QP]struct{}
-	cqs       map[*CQ]struct{}
-	listeners map[*Listener]struct{}
+	pds       map[*softPD]struct{}
+	qps       map[*softQP]struct{}
+	cqs       map[*softCQ]struct{}
+	listeners map[*softListener]struct{}
 
 	// Key tables, copied on write: lookups on the data path take no lock.
-	lkeys    atomic.Pointer[[]*MR] // index lkey>>8
-	rkeys    atomic.Pointer[map[uint32]*MR]
+	lkeys    atomic.Pointer[[]*softMR] // index lkey>>8
+	rkeys    atomic.Pointer[map[uint32]*softMR]
 	freeIdx  []uint32
 	lkeyGen  []uint8
-	live     map[*MR]struct{}
+	live     map[*softMR]struct{}
 	nextQPN  atomic.Uint32
 	deviceID uint64
 }
 
-// DeviceOption configures a Device.
-type DeviceOption func(*Device)
-
-// WithName names the device in errors and metrics (default: the provider's
-// name).
-func WithName(name string) DeviceOption { return func(d *Device) { d.name = name } }
-
-// WithPinning chooses whether PD.Register pins memory with mlock (default
-// true, as ibv_reg_mr does). Without pinning, registration needs no
-// CAP_IPC_LOCK or RLIMIT_MEMLOCK, and the pages may be swapped out.
-func WithPinning(pin bool) DeviceOption { return func(d *Device) { d.pin = pin } }
-
 var deviceIDs atomic.Uint64
 
-// NewDevice opens a device on provider p.
-func NewDevice(p Provider, opts ...DeviceOption) *Device {
-	d := &Device{
+// newSoftDevice opens the software NIC on provider p.
+func newSoftDevice(p link.Provider, name string, pin bool) *softDevice {
+	d := &softDevice{
 		prov:      p,
-		name:      p.Name(),
-		pin:       true,
-		pds:       map[*PD]struct{}{},
-		qps:       map[*QP]struct{}{},
-		cqs:       map[*CQ]struct{}{},
-		listeners: map[*Listener]struct{}{},
-		live:      map[*MR]struct{}{},
+		name:      name,
+		pin:       pin,
+		pds:       map[*softPD]struct{}{},
+		qps:       map[*softQP]struct{}{},
+		cqs:       map[*softCQ]struct{}{},
+		listeners: map[*softListener]struct{}{},
+		live:      map[*softMR]struct{}{},
 		lkeyGen:   []uint8{0},
 		deviceID:  deviceIDs.Add(1),
 	}
-	for _, o := range opts {
-		o(d)
-	}
-	empty := []*MR{nil} // index 0 is never a valid lkey
+	empty := []*softMR{nil} // index 0 is never a valid lkey
 	d.lkeys.Store(&empty)
-	m := map[uint32]*MR{}
+	m := map[uint32]*softMR{}
 	d.rkeys.Store(&m)
 	return d
 }
 
 // Name is the device's name.
-func (d *Device) Name() string { return d.name }
+func (d *softDevice) Name() string { return d.name }
 
-// Provider is the transport the device runs on.
-func (d *Device) Provider() Provider { return d.prov }
-
-// AllocPD allocates a protection domain.
-func (d *Device) AllocPD() *PD {
-	pd := &PD{dev: d, mrs: map[*MR]struct{}{}, qps: map[*QP]struct{}{}}
-	d.mu.Lock()
-	if d.closed {
-		pd.closed = true
-	} else {
-		d.pds[pd] = struct{}{}
-	}
-	d.mu.Unlock()
-	return pd
+// Caps implements DeviceDriver: the software NIC does everything the API
+// describes.
+func (d *softDevice) Caps() Caps {
+	return Caps{UnpinnedRegions: true, AccessTags: true, ResponderStats: true, PeerErrorCauses: true, CQOverflow: true,
+		OrderedLocalErrors: true, ExactErrorStatus: true,
+		MaxConnectPrivateData: MaxPrivateData, MaxAcceptPrivateData: MaxPrivateData, MaxRejectPrivateData: MaxPrivateData}
 }
 
-// Listen accepts connection requests on addr ("127.0.0.1:0" for tcp, any
-// name or "" for a generated one with loop).
-func (d *Device) Listen(addr string) (*Listener, error) {
+// AllocPD implements DeviceDriver.
+func (d *softDevice) AllocPD() (PDDriver, error) {
+	pd := &softPD{dev: d, mrs: map[*softMR]struct{}{}, qps: map[*softQP]struct{}{}}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fmt.Errorf("nprdma: allocate protection domain: device %s: %w", d.name, ErrClosed)
+	}
+	d.pds[pd] = struct{}{}
+	return pd, nil
+}
+
+// Listen implements DeviceDriver.
+func (d *softDevice) Listen(addr string) (ListenerDriver, error) {
 	d.mu.Lock()
 	closed := d.closed
 	d.mu.Unlock()
@@ -106,7 +96,7 @@ func (d *Device) Listen(addr string) (*Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nprdma: listen on %q (device %s): %w", addr, d.name, err)
 	}
-	l := &Listener{dev: d, ll: ll}
+	l := &softListener{dev: d, ll: ll}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -120,7 +110,7 @@ func (d *Device) Listen(addr string) (*Listener, error) {
 
 // Close closes the device's listeners and queue pairs (abruptly, like the
 // end of the process) and deregisters its memory regions.
-func (d *Device) Close() error {
+func (d *softDevice) Close() error {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -142,7 +132,7 @@ func (d *Device) Close() error {
 }
 
 // lookupLKey returns the live region with local key k, or nil.
-func (d *Device) lookupLKey(k uint32) *MR {
+func (d *softDevice) lookupLKey(k uint32) *softMR {
 	tab := *d.lkeys.Load()
 	i := k >> 8
 	if i == 0 || int(i) >= len(tab) {
@@ -156,11 +146,11 @@ func (d *Device) lookupLKey(k uint32) *MR {
 }
 
 // lookupRKey returns the live region with remote key k, or nil.
-func (d *Device) lookupRKey(k uint32) *MR {
+func (d *softDevice) lookupRKey(k uint32) *softMR {
 	return (*d.rkeys.Load())[k]
 }
 
-func (d *Device) addQP(qp *QP) error {
+func (d *softDevice) addQP(qp *softQP) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -172,7 +162,7 @@ func (d *Device) addQP(qp *QP) error {
 	return nil
 }
 
-func (d *Device) removeQP(qp *QP) {
+func (d *softDevice) removeQP(qp *softQP) {
 	d.mu.Lock()
 	if _, ok := d.qps[qp]; ok {
 		delete(d.qps, qp)
@@ -181,49 +171,53 @@ func (d *Device) removeQP(qp *QP) {
 	d.mu.Unlock()
 }
 
-// Listener accepts connection requests (rdma_listen).
-type Listener struct {
-	dev *Device
-	ll  LinkListener
+// softListener accepts connection requests.
+type softListener struct {
+	dev *softDevice
+	ll  link.Listener
 }
 
 // Accept waits for the next connection request.
-func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
+func (l *softListener) Accept(ctx context.Context) (ConnRequestDriver, error) {
 	req, err := l.ll.Accept(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("nprdma: accept on %s: %w", l.ll.Addr(), err)
 	}
-	return &ConnRequest{dev: l.dev, req: req}, nil
+	return &softConnRequest{dev: l.dev, req: req}, nil
 }
 
 // Addr is the address peers connect to.
-func (l *Listener) Addr() string { return l.ll.Addr() }
+func (l *softListener) Addr() string { return l.ll.Addr() }
 
 // Close stops listening. Established connections are not affected.
-func (l *Listener) Close() error {
+func (l *softListener) Close() error {
 	l.dev.mu.Lock()
 	delete(l.dev.listeners, l)
 	l.dev.mu.Unlock()
 	return l.ll.Close()
 }
 
-// ConnRequest is a connection request from a peer, answered by Accept or
-// Reject.
-type ConnRequest struct {
-	dev      *Device
-	req      LinkRequest
+// softConnRequest is a connection request from a peer, answered by Accept
+// or Reject.
+type softConnRequest struct {
+	dev      *softDevice
+	req      link.Request
 	answered atomic.Bool
 }
 
 // PrivateData is the private data the peer passed to Connect.
-func (r *ConnRequest) PrivateData() []byte { return r.req.Hello().PrivateData }
+func (r *softConnRequest) PrivateData() []byte { return r.req.Hello().PrivateData }
 
 // RemoteAddr is the peer's address.
-func (r *ConnRequest) RemoteAddr() string { return r.req.RemoteAddr() }
+func (r *softConnRequest) RemoteAddr() string { return r.req.RemoteAddr() }
 
 // Accept connects qp (a fresh queue pair of the same device) to the peer and
 // answers with privateData, which the peer's Connect returns.
-func (r *ConnRequest) Accept(qp *QP, privateData []byte) error {
+func (r *softConnRequest) Accept(q QPDriver, privateData []byte) error {
+	qp, ok := q.(*softQP)
+	if !ok {
+		return fmt.Errorf("nprdma: accept: a queue pair of another kind of device")
+	}
 	if len(privateData) > MaxPrivateData {
 		return fmt.Errorf("nprdma: accept: %d bytes of private data, at most %d", len(privateData), MaxPrivateData)
 	}
@@ -237,17 +231,17 @@ func (r *ConnRequest) Accept(qp *QP, privateData []byte) error {
 		r.req.Reject(nil)
 		return err
 	}
-	link, err := r.req.Accept(Hello{QPNum: qp.num, PrivateData: privateData})
+	lk, err := r.req.Accept(link.Hello{QPNum: qp.num, PrivateData: privateData})
 	if err != nil {
 		qp.connectFailed()
 		return fmt.Errorf("nprdma: accept connection from %s on qp %d: %w", r.RemoteAddr(), qp.num, err)
 	}
-	return qp.establish(link, r.req.Hello().QPNum)
+	return qp.establish(lk, r.req.Hello().QPNum)
 }
 
 // Reject refuses the request; the peer's Connect returns a *RejectError with
 // privateData.
-func (r *ConnRequest) Reject(privateData []byte) error {
+func (r *softConnRequest) Reject(privateData []byte) error {
 	if len(privateData) > MaxPrivateData {
 		return fmt.Errorf("nprdma: reject: %d bytes of private data, at most %d", len(privateData), MaxPrivateData)
 	}

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"sync"
+
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // This file is the NIC engine's data side: serving a READ the responder has
@@ -53,7 +55,7 @@ type readRun struct {
 	base int // region offset of stg.b[0]
 }
 
-func (qp *QP) serveRead(seq uint32, mr *MR, off, n int) {
+func (qp *softQP) serveRead(seq uint32, mr *softMR, off, n int) {
 	ctr := &qp.dev.ctr
 	ctr.readsServed.Add(1)
 	ctr.readBytesServed.Add(uint64(n))
@@ -64,7 +66,7 @@ func (qp *QP) serveRead(seq uint32, mr *MR, off, n int) {
 			rs.refs = append(rs.refs[:0], mr.buf[off:off+n])
 			data = rs.refs[:1]
 		}
-		qp.respond(Packet{Header: Header{Kind: PacketReadResponse, Seq: seq, Len: uint32(n), Last: true}, Data: data})
+		qp.respond(link.Packet{Header: link.Header{Kind: link.PacketReadResponse, Seq: seq, Len: uint32(n), Last: true}, Data: data})
 		clear(rs.refs)
 		if n >= flushAfter {
 			qp.link.Flush()
@@ -80,14 +82,14 @@ func (qp *QP) serveRead(seq uint32, mr *MR, off, n int) {
 // On a link that copies payloads when the peer consumes them, that copy goes
 // straight into the requester's buffer (see unpinnedSource); otherwise the
 // pages are copied into staging buffers the link sends from.
-func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
+func (qp *softQP) serveUnpinnedRead(seq uint32, mr *softMR, off, n int) {
 	// Every page the READ touches, counted once from its range whichever
 	// way it is copied (a page split between staging chunks is one page).
 	ps := mr.pageSize
 	qp.dev.ctr.unpinnedPagesRead.Add(uint64((off+n-1)/ps - off/ps + 1))
 	if qp.copyAtDelivery {
 		src := getUnpinnedSource(qp.dev, mr, off, n)
-		p := Packet{Header: Header{Kind: PacketReadResponse, Seq: seq, Len: uint32(n), Last: true}, Src: src, Buf: src}
+		p := link.Packet{Header: link.Header{Kind: link.PacketReadResponse, Seq: seq, Len: uint32(n), Last: true}, Src: src, Buf: src}
 		qp.respond(p)
 		if n >= flushAfter {
 			qp.link.Flush()
@@ -129,8 +131,8 @@ func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
 		refs = append(refs, nil)
 	}
 	for i, r := range runs {
-		h := Header{Kind: PacketReadResponse, Seq: seq, Offset: uint32(r.a - off), Len: uint32(r.b - r.a)}
-		p := Packet{Header: h}
+		h := link.Header{Kind: link.PacketReadResponse, Seq: seq, Offset: uint32(r.a - off), Len: uint32(r.b - r.a)}
+		p := link.Packet{Header: h}
 		if r.good {
 			refs[i] = r.stg.b[r.a-r.base : r.b-r.base]
 			p.Data = refs[i : i+1 : i+1]
@@ -163,8 +165,8 @@ func (qp *QP) serveUnpinnedRead(seq uint32, mr *MR, off, n int) {
 // destination is split inside it (the part then goes through spill), so a
 // page never mixes versions or data with magic.
 type unpinnedSource struct {
-	dev      *Device
-	mr       *MR
+	dev      *softDevice
+	mr       *softMR
 	pos, end int  // region offsets: next byte to produce, end of the READ
 	serving  int8 // 0: not yet asked, 1: the region is held (beginServe), -1: deregistered
 	finished bool // counted and released
@@ -176,7 +178,7 @@ type unpinnedSource struct {
 
 var sourcePool = sync.Pool{New: func() any { return new(unpinnedSource) }}
 
-func getUnpinnedSource(dev *Device, mr *MR, off, n int) *unpinnedSource {
+func getUnpinnedSource(dev *softDevice, mr *softMR, off, n int) *unpinnedSource {
 	s := sourcePool.Get().(*unpinnedSource)
 	s.dev, s.mr, s.pos, s.end = dev, mr, off, off+n
 	return s
@@ -289,16 +291,7 @@ func copyOrClear(dst, src []byte, zero bool) {
 
 // fillPhase fills dst with pattern's bytes starting at phase j: dst[i] is
 // byte (j+i)%8 of pattern in little-endian order.
-func fillPhase(dst []byte, pattern uint64, j int) {
-	p := bits.RotateLeft64(pattern, -8*(j%8))
-	i := 0
-	for ; i+8 <= len(dst); i += 8 {
-		binary.LittleEndian.PutUint64(dst[i:], p)
-	}
-	for k := 0; i < len(dst); i, k = i+1, k+1 {
-		dst[i] = byte(p >> (8 * k))
-	}
-}
+func fillPhase(dst []byte, pattern uint64, j int) { link.FillMagic(dst, pattern, j) }
 
 // matchPhase reports whether b equals the pattern filled from phase j.
 func matchPhase(b []byte, pattern uint64, j int) bool {

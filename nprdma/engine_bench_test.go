@@ -2,6 +2,8 @@ package nprdma
 
 import (
 	"testing"
+
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // sinkLink is a link that consumes every packet at once, as a peer's
@@ -11,8 +13,8 @@ type sinkLink struct {
 	dst []byte
 }
 
-func (l *sinkLink) Start(Receiver) {}
-func (l *sinkLink) Send(pkts []Packet) {
+func (l *sinkLink) Start(link.Receiver) {}
+func (l *sinkLink) Send(pkts []link.Packet) {
 	for i := range pkts {
 		p := &pkts[i]
 		off := int(p.Offset)
@@ -81,10 +83,11 @@ func benchServe(b *testing.B, unpinned, atDelivery bool, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	qp, err := pd.NewQP(QPConfig{SendCQ: dev.NewCQ(4)})
+	q, err := pd.NewQP(QPConfig{SendCQ: dev.NewCQ(4)})
 	if err != nil {
 		b.Fatal(err)
 	}
+	qp := q.drv.(*softQP)
 	qp.link = &sinkLink{dst: make([]byte, n)}
 	if atDelivery {
 		qp.link = &copyingSinkLink{sinkLink{dst: make([]byte, n)}}
@@ -95,7 +98,7 @@ func benchServe(b *testing.B, unpinned, atDelivery bool, n int) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		off := (i % (pages - n/4096)) * 4096
-		h := Header{Kind: PacketReadRequest, Seq: uint32(i), Len: uint32(n), RKey: mr.RKey(), Addr: mr.Addr() + uint64(off)}
+		h := link.Header{Kind: link.PacketReadRequest, Seq: uint32(i), Len: uint32(n), RKey: mr.RKey(), Addr: mr.Addr() + uint64(off)}
 		qp.rs.expected = uint32(i)
 		if err := qp.onReadRequest(&h, nil); err != nil {
 			b.Fatal(err)

@@ -37,7 +37,7 @@ func (p *countingPager) ReadEnd(i int, seq uint64) bool {
 }
 func (p *countingPager) Advise(off, length int64) error { return nil }
 
-func newSourceFixture(t *testing.T) (*Device, *MR, *countingPager) {
+func newSourceFixture(t *testing.T) (*softDevice, *softMR, *countingPager) {
 	t.Helper()
 	const pages = 8
 	pg := &countingPager{mem: make([]byte, pages*4096), absent: map[int]bool{}, change: map[int]bool{}, version: make([]uint64, pages)}
@@ -49,12 +49,12 @@ func newSourceFixture(t *testing.T) (*Device, *MR, *countingPager) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return dev, mr, pg
+	return dev.drv.(*softDevice), mr.drv.(*softMR), pg
 }
 
 // want is what a READ of [off, off+n) returns when the pages in magic
 // cannot be read.
-func wantRead(mr *MR, pg *countingPager, off, n int, magic map[int]bool) []byte {
+func wantRead(mr *softMR, pg *countingPager, off, n int, magic map[int]bool) []byte {
 	out := append([]byte(nil), pg.mem[off:off+n]...)
 	for i := range out {
 		if p := off + i; magic[p/4096] {

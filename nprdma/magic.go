@@ -63,13 +63,7 @@ func (d *Device) FindMagicPages(buf []byte, remoteAddr, mrAddr uint64, pageSize 
 		out = append(out, PageRange{Off: off, Addr: remoteAddr + uint64(off), Len: n})
 	})
 	if pages > 0 { // a shared cache line: the no-fault path leaves it alone
-		d.ctr.suspectedFaults.Add(pages)
+		d.suspected.Add(pages)
 	}
 	return out
 }
-
-// FillMagic writes into dst the bytes the magic page holds from region
-// offset at on (byte k of a page is byte k mod 8 of magic, little endian):
-// what a READ delivers for a part of a page it could not read. A provider
-// that executes READs itself (LocalReader) uses it.
-func FillMagic(dst []byte, magic uint64, at int) { fillPhase(dst, magic, at%8) }

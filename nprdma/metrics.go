@@ -18,7 +18,6 @@ type counters struct {
 	writeBytesServed   atomic.Uint64
 	unpinnedPagesRead  atomic.Uint64
 	magicPagesServed   atomic.Uint64
-	suspectedFaults    atomic.Uint64
 	remoteAccessErrors atomic.Uint64
 	rnrNaksSent        atomic.Uint64
 	rnrRetries         atomic.Uint64
@@ -50,7 +49,7 @@ type Stats struct {
 }
 
 // Stats returns a snapshot of the device's counters.
-func (d *Device) Stats() Stats {
+func (d *softDevice) Stats() Stats {
 	c := &d.ctr
 	return Stats{
 		QPs:                c.qpsOpen.Load(),
@@ -64,7 +63,6 @@ func (d *Device) Stats() Stats {
 		WriteBytesServed:   c.writeBytesServed.Load(),
 		UnpinnedPagesRead:  c.unpinnedPagesRead.Load(),
 		MagicPagesServed:   c.magicPagesServed.Load(),
-		SuspectedFaults:    c.suspectedFaults.Load(),
 		RemoteAccessErrors: c.remoteAccessErrors.Load(),
 		RNRNaksSent:        c.rnrNaksSent.Load(),
 		RNRRetries:         c.rnrRetries.Load(),

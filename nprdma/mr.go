@@ -18,20 +18,20 @@ var osPageSize = os.Getpagesize()
 
 // PD is a protection domain: regions and queue pairs of one PD can only be
 // used together (a remote key is honoured only on queue pairs of its PD).
-type PD struct {
-	dev    *Device
+type softPD struct {
+	dev    *softDevice
 	mu     sync.Mutex
 	closed bool
-	mrs    map[*MR]struct{}
-	qps    map[*QP]struct{}
+	mrs    map[*softMR]struct{}
+	qps    map[*softQP]struct{}
 }
 
 // Device is the device the PD belongs to.
-func (pd *PD) Device() *Device { return pd.dev }
+func (pd *softPD) Device() *softDevice { return pd.dev }
 
 // Close releases the PD. Like ibv_dealloc_pd it fails while regions or queue
 // pairs still use it.
-func (pd *PD) Close() error {
+func (pd *softPD) Close() error {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {
@@ -47,9 +47,9 @@ func (pd *PD) Close() error {
 	return nil
 }
 
-// MR is a registered memory region.
-type MR struct {
-	pd       *PD
+// softMR is a registered memory region of the software NIC.
+type softMR struct {
+	pd       *softPD
 	buf      []byte
 	addr     uint64
 	lkey     uint32
@@ -61,90 +61,52 @@ type MR struct {
 	magic    uint64
 	tag      uint64 // access tag: 0 = any QP of the PD (see WithAccessTag)
 	dead     atomic.Bool
-	// serving counts READs being copied out of an unpinned region right now;
-	// Deregister waits for them so that the pager may go away after it.
+	// serving counts READs being copied out of an unpinned region and
+	// WRITEs being copied into the region right now; Deregister waits for
+	// them so that the pager or the memory may go away after it.
 	serving atomic.Int64
 	shares  mrShares // links the region was shared with (share.go)
 }
 
-// MROption configures a registration.
-type MROption func(*MR)
-
-// WithAccessTag restricts remote access to the region to queue pairs whose
-// access tag (QP.SetAccessTag) equals tag; 0 (the default) means every queue
-// pair of the PD. A key presented on a queue pair with another tag is refused
-// like an unknown key (a remote access error), so a key disclosed to one peer
-// is useless on another peer's queue pairs even within one PD. Real RNICs get
-// the same effect from a PD (or memory window) per peer; a tag keeps one PD
-// and one registration of the pager per peer, which is O(1) here.
-func WithAccessTag(tag uint64) MROption { return func(mr *MR) { mr.tag = tag } }
-
-// AccessTag is the region's access tag (0: any queue pair of the PD).
-func (mr *MR) AccessTag() uint64 { return mr.tag }
-
-// Addr is the virtual address of the region's first byte, the base of the
-// addresses in SGEs and of remote addresses.
-func (mr *MR) Addr() uint64 { return mr.addr }
-
-// Len is the region's length in bytes.
-func (mr *MR) Len() int { return len(mr.buf) }
-
 // LKey is the local key, for SGEs.
-func (mr *MR) LKey() uint32 { return mr.lkey }
+func (mr *softMR) LKey() uint32 { return mr.lkey }
 
 // RKey is the remote key a peer names in READ and WRITE.
-func (mr *MR) RKey() uint32 { return mr.rkey }
-
-// Access is the set of rights granted.
-func (mr *MR) Access() Access { return mr.access }
-
-// Bytes is the registered memory. For an unpinned region it is the pager's
-// memory, which may only be read under the pager's protocol.
-func (mr *MR) Bytes() []byte { return mr.buf }
+func (mr *softMR) RKey() uint32 { return mr.rkey }
 
 // Pinned reports whether the region was pinned at registration.
-func (mr *MR) Pinned() bool { return mr.pinned }
+func (mr *softMR) Pinned() bool { return mr.pinned }
 
 // Magic is the unpinned region's magic value (0 for other regions): a page
 // the NIC engine could not read is delivered as this value repeated.
-func (mr *MR) Magic() uint64 { return mr.magic }
+func (mr *softMR) Magic() uint64 { return mr.magic }
 
 // PageSize is the granularity of the region's pages (the pager's page size,
 // or the OS page size).
-func (mr *MR) PageSize() int { return mr.pageSize }
-
-// PD is the protection domain of the region.
-func (mr *MR) PD() *PD { return mr.pd }
-
-// SGE names n bytes at offset off of the region.
-func (mr *MR) SGE(off, n int) SGE {
-	return SGE{Addr: mr.addr + uint64(off), Length: uint32(n), LKey: mr.lkey}
-}
+func (mr *softMR) PageSize() int { return mr.pageSize }
 
 // Register registers buf with the given rights, pinning it with mlock (the
 // baseline: the cost grows with the size, about 3 s per GiB here). buf must
 // stay valid until Deregister and until no queue pair can still access it.
-func (pd *PD) Register(buf []byte, access Access, opts ...MROption) (*MR, error) {
+func (pd *softPD) Register(buf []byte, access Access, tag uint64) (MRDriver, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("nprdma: register: empty buffer")
 	}
-	if access&^accessAll != 0 {
-		return nil, fmt.Errorf("nprdma: register %d bytes: unknown access bits %#x", len(buf), uint32(access&^accessAll))
+	if access&^(accessAll&^AccessOnDemand) != 0 {
+		return nil, fmt.Errorf("nprdma: register %d bytes: access %s not offered by the software NIC", len(buf), access)
 	}
 	if access&AccessRemoteWrite != 0 && access&AccessLocalWrite == 0 {
 		// As in verbs: remote write implies the NIC writes locally.
 		return nil, fmt.Errorf("nprdma: register %d bytes: remote-write needs local-write", len(buf))
 	}
-	mr := &MR{
+	mr := &softMR{
 		pd:       pd,
 		buf:      buf,
 		addr:     uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
 		access:   access,
 		pinned:   pd.dev.pin,
 		pageSize: osPageSize,
-	}
-	for _, o := range opts {
-		o(mr)
+		tag:      tag,
 	}
 	if mr.pinned {
 		if err := unix.Mlock(buf); err != nil {
@@ -168,7 +130,7 @@ func (pd *PD) Register(buf []byte, access Access, opts ...MROption) (*MR, error)
 // in SGEs. A READ is served page by page under the pager's seqlock; a page
 // that is absent, busy or changed during the copy is delivered as the magic
 // page (Magic() repeated).
-func (pd *PD) RegisterUnpinned(p Pager, access Access, opts ...MROption) (*MR, error) {
+func (pd *softPD) RegisterUnpinned(p Pager, access Access, tag uint64) (MRDriver, error) {
 	buf := p.Bytes()
 	ps := p.PageSize()
 	if len(buf) == 0 {
@@ -180,16 +142,14 @@ func (pd *PD) RegisterUnpinned(p Pager, access Access, opts ...MROption) (*MR, e
 	if access != AccessRemoteRead {
 		return nil, fmt.Errorf("nprdma: register unpinned %d bytes: access %s refused: an unpinned region grants remote-read only", len(buf), access)
 	}
-	mr := &MR{
+	mr := &softMR{
 		pd:       pd,
 		buf:      buf,
 		addr:     uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
 		access:   access,
 		pager:    p,
 		pageSize: ps,
-	}
-	for _, o := range opts {
-		o(mr)
+		tag:      tag,
 	}
 	for mr.magic == 0 {
 		mr.magic = randomUint64()
@@ -210,7 +170,7 @@ func randomUint64() uint64 {
 }
 
 // add assigns keys and publishes mr in the device's tables.
-func (pd *PD) add(mr *MR) error {
+func (pd *softPD) add(mr *softMR) error {
 	d := pd.dev
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
@@ -238,7 +198,7 @@ func (pd *PD) add(mr *MR) error {
 	}
 	d.lkeyGen[idx]++
 	mr.lkey = idx<<8 | uint32(d.lkeyGen[idx])
-	tab := make([]*MR, max(len(old), int(idx)+1))
+	tab := make([]*softMR, max(len(old), int(idx)+1))
 	copy(tab, old)
 	tab[idx] = mr
 	d.lkeys.Store(&tab)
@@ -253,7 +213,7 @@ func (pd *PD) add(mr *MR) error {
 			break
 		}
 	}
-	rt := make(map[uint32]*MR, len(oldR)+1)
+	rt := make(map[uint32]*softMR, len(oldR)+1)
 	for k, v := range oldR {
 		rt[k] = v
 	}
@@ -274,7 +234,7 @@ func (pd *PD) add(mr *MR) error {
 // while queue pairs that used the region live on; and it revokes the
 // region from every peer it was shared with (RegionSharer): no READ a peer
 // executes in place succeeds after it returns.
-func (mr *MR) Deregister() error {
+func (mr *softMR) Deregister() error {
 	if !mr.dead.CompareAndSwap(false, true) {
 		return nil
 	}
@@ -284,14 +244,14 @@ func (mr *MR) Deregister() error {
 	pd.mu.Unlock()
 	d.mu.Lock()
 	old := *d.lkeys.Load()
-	tab := make([]*MR, len(old))
+	tab := make([]*softMR, len(old))
 	copy(tab, old)
 	idx := mr.lkey >> 8
 	tab[idx] = nil
 	d.lkeys.Store(&tab)
 	d.freeIdx = append(d.freeIdx, idx)
 	oldR := *d.rkeys.Load()
-	rt := make(map[uint32]*MR, len(oldR))
+	rt := make(map[uint32]*softMR, len(oldR))
 	for k, v := range oldR {
 		if k != mr.rkey {
 			rt[k] = v
@@ -316,9 +276,10 @@ func (mr *MR) Deregister() error {
 	return err
 }
 
-// beginServe holds an unpinned region for one READ's copy (see Deregister);
-// it fails once the region is deregistered. endServe releases it.
-func (mr *MR) beginServe() bool {
+// beginServe holds the region for one READ's or WRITE's copy (see
+// Deregister); it fails once the region is deregistered. endServe releases
+// it.
+func (mr *softMR) beginServe() bool {
 	mr.serving.Add(1)
 	if mr.dead.Load() {
 		mr.serving.Add(-1)
@@ -327,11 +288,11 @@ func (mr *MR) beginServe() bool {
 	return true
 }
 
-func (mr *MR) endServe() { mr.serving.Add(-1) }
+func (mr *softMR) endServe() { mr.serving.Add(-1) }
 
 // munlockUncoveredLocked unlocks mr's pages except those another live pinned
 // region still covers (mlock does not nest).
-func (d *Device) munlockUncoveredLocked(mr *MR) error {
+func (d *softDevice) munlockUncoveredLocked(mr *softMR) error {
 	ps := uint64(osPageSize)
 	start := mr.addr &^ (ps - 1)
 	end := (mr.addr + uint64(len(mr.buf)) + ps - 1) &^ (ps - 1)
@@ -376,7 +337,7 @@ func (d *Device) munlockUncoveredLocked(mr *MR) error {
 
 // localSlice resolves an SGE against its region for a local access that
 // needs the given rights; status says why it cannot.
-func (pd *PD) localSlice(s SGE, needWrite bool) ([]byte, Status) {
+func (pd *softPD) localSlice(s SGE, needWrite bool) ([]byte, Status) {
 	mr := pd.dev.lookupLKey(s.LKey)
 	if mr == nil || mr.pd != pd || mr.dead.Load() || mr.pager != nil {
 		return nil, StatusLocalProtection
@@ -397,7 +358,7 @@ func (pd *PD) localSlice(s SGE, needWrite bool) ([]byte, Status) {
 // remoteRegion is the NIC engine's check of a remote access, done before any
 // byte is copied: the key must name a live region of this PD that grants
 // the right and contains [addr, addr+n).
-func (pd *PD) remoteRegion(rkey uint32, addr uint64, n uint32, need Access) (*MR, int, bool) {
+func (pd *softPD) remoteRegion(rkey uint32, addr uint64, n uint32, need Access) (*softMR, int, bool) {
 	mr := pd.dev.lookupRKey(rkey)
 	if mr == nil || mr.pd != pd || mr.dead.Load() || mr.access&need != need {
 		return nil, 0, false
@@ -414,7 +375,7 @@ func (pd *PD) remoteRegion(rkey uint32, addr uint64, n uint32, need Access) (*MR
 
 // remoteRegion is PD.remoteRegion plus the access tag: a tagged region
 // serves only queue pairs carrying the same tag.
-func (qp *QP) remoteRegion(rkey uint32, addr uint64, n uint32, need Access) (*MR, int, bool) {
+func (qp *softQP) remoteRegion(rkey uint32, addr uint64, n uint32, need Access) (*softMR, int, bool) {
 	mr, off, ok := qp.pd.remoteRegion(rkey, addr, n, need)
 	if !ok || (mr.tag != 0 && mr.tag != qp.accessTag.Load()) {
 		return nil, 0, false

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nprdma/nprdma/nprdma/link"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -17,11 +19,11 @@ import (
 type nullProvider struct{}
 
 func (nullProvider) Name() string { return "null" }
-func (nullProvider) Listen(string) (LinkListener, error) {
+func (nullProvider) Listen(string) (link.Listener, error) {
 	return nil, errors.New("null provider")
 }
-func (nullProvider) Dial(context.Context, string, Hello) (Link, Hello, error) {
-	return nil, Hello{}, errors.New("null provider")
+func (nullProvider) Dial(context.Context, string, link.Hello) (link.Link, link.Hello, error) {
+	return nil, link.Hello{}, errors.New("null provider")
 }
 
 func TestFindMagicPages(t *testing.T) {
@@ -389,8 +391,8 @@ func TestStrings(t *testing.T) {
 
 func TestSchemesDispatchByAddress(t *testing.T) {
 	def, unix := namedProvider{name: "def"}, namedProvider{name: "unix"}
-	s := NewSchemes(def, map[string]Provider{"unix": unix})
-	for addr, want := range map[string]Provider{"unix:/run/x.sock": unix, "127.0.0.1:4420": def, "[::1]:1": def, "name": def} {
+	s := NewSchemes(def, map[string]link.Provider{"unix": unix})
+	for addr, want := range map[string]link.Provider{"unix:/run/x.sock": unix, "127.0.0.1:4420": def, "[::1]:1": def, "name": def} {
 		if got := s.For(addr); got.Name() != want.Name() {
 			t.Fatalf("%q: provider %s, want %s", addr, got.Name(), want.Name())
 		}
@@ -406,3 +408,15 @@ type namedProvider struct {
 }
 
 func (p namedProvider) Name() string { return p.name }
+
+// The software NIC's internals, reached through the user-facing types.
+
+func (pd *PD) localSlice(s SGE, needWrite bool) ([]byte, Status) {
+	return pd.drv.(*softPD).localSlice(s, needWrite)
+}
+
+func (pd *PD) remoteRegion(rkey uint32, addr uint64, n uint32, need Access) (*softMR, int, bool) {
+	return pd.drv.(*softPD).remoteRegion(rkey, addr, n, need)
+}
+
+func (cq *CQ) push(wcs ...WC) bool { return cq.drv.(*softCQ).push(wcs...) }

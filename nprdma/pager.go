@@ -65,10 +65,3 @@ type SharedPager interface {
 	// version (plain types, so that a pager needs no import of nprdma).
 	StateBits() (present, busy, zero uint64, versionShift uint)
 }
-
-// StateBits locates the fields of a pager's page state word that a reader
-// in another process checks.
-type StateBits struct {
-	Present, Busy, Zero uint64 // masks
-	VersionShift        uint   // the version is the word shifted right by this
-}

@@ -7,9 +7,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
-// Defaults for zero fields of QPConfig.
+// Defaults for zero fields of QPConfig (api.go).
 const (
 	DefaultQueueDepth = 128
 	DefaultMaxInline  = 256
@@ -20,38 +22,16 @@ const (
 	MaxInlineLimit = 4096
 )
 
-// QPConfig configures a queue pair. Zero fields take the defaults above.
-type QPConfig struct {
-	// SendCQ receives completions of send work requests; RecvCQ those of
-	// receives (SendCQ when nil). Both must belong to the QP's device.
-	SendCQ, RecvCQ *CQ
-	// SendDepth and RecvDepth bound the work requests outstanding on each
-	// queue; posting more fails with ErrQueueFull.
-	SendDepth, RecvDepth int
-	// MaxInline is the largest inline payload (at most MaxInlineLimit).
-	MaxInline int
-	// RNRRetry is how many times a SEND refused for lack of a posted receive
-	// is retried before StatusRNRRetryExceeded (0: DefaultRNRRetry, negative:
-	// no retry). Unlike verbs, 7 does not mean forever.
-	RNRRetry int
-	// RNRTimeout is the wait before each RNR retry.
-	RNRTimeout time.Duration
-	// Timeout: when work is outstanding and nothing arrives from the peer
-	// for this long, the QP fails with StatusRetryExceeded (negative:
-	// never).
-	Timeout time.Duration
-}
-
-// QP is a reliable-connected queue pair: work requests execute in order and
-// exactly once, or complete with an error and move the QP to the error
-// state, after which every outstanding and later work request completes
-// with StatusWRFlushed.
-type QP struct {
-	dev    *Device
-	pd     *PD
+// softQP is a reliable-connected queue pair of the software NIC: work
+// requests execute in order and exactly once, or complete with an error and
+// move the QP to the error state, after which every outstanding and later
+// work request completes with StatusWRFlushed.
+type softQP struct {
+	dev    *softDevice
+	pd     *softPD
 	num    uint32
-	sendCQ *CQ
-	recvCQ *CQ
+	sendCQ *softCQ
+	recvCQ *softCQ
 
 	maxInline  int
 	rnrRetry   int
@@ -61,7 +41,7 @@ type QP struct {
 
 	ctl         sync.Mutex // state transitions and the link
 	state       atomic.Int32
-	link        Link
+	link        link.Link
 	linkClosing bool
 	remoteNum   uint32
 	err         error
@@ -82,8 +62,8 @@ type QP struct {
 	driver         atomic.Pointer[driverRef] // the link, if a waiter may receive on it
 	// localReader and sharer are the link, if it implements them (set
 	// before the QP enters RTS, never changed).
-	localReader LocalReader
-	sharer      RegionSharer
+	localReader link.LocalReader
+	sharer      link.RegionSharer
 	shares      regionShares // regions offered to the peer (see share.go)
 
 	lastRx   atomic.Int64 // nanotime of the last packet from the peer
@@ -92,7 +72,7 @@ type QP struct {
 }
 
 // driverRef holds a link that implements Driver.
-type driverRef struct{ Driver }
+type driverRef struct{ link.Driver }
 
 type sendQueue struct {
 	mu         sync.Mutex
@@ -107,7 +87,7 @@ type sendQueue struct {
 	rnrWait    bool   // waiting RNRTimeout before retransmitting
 	timerArmed bool
 	busySince  int64
-	pkts       []Packet
+	pkts       []link.Packet
 	wcs        []WC
 }
 
@@ -151,7 +131,7 @@ type responder struct {
 	expected uint32 // sequence number of the next request
 	lastSend uint32 // length of the last SEND received (the next one's guess)
 	nakMode  bool   // an RNR NAK was sent: drop requests until expected returns
-	pkts     []Packet
+	pkts     []link.Packet
 	refs     [][]byte
 	runs     []readRun
 }
@@ -162,14 +142,10 @@ func nanotime() int64 { return int64(time.Since(epoch)) }
 
 // NewQP creates a queue pair in the init state. Post receives, then Connect
 // or accept a ConnRequest with it.
-func (pd *PD) NewQP(cfg QPConfig) (*QP, error) {
-	if cfg.SendCQ == nil {
-		return nil, fmt.Errorf("nprdma: create queue pair: no send completion queue")
-	}
-	if cfg.RecvCQ == nil {
-		cfg.RecvCQ = cfg.SendCQ
-	}
-	if cfg.SendCQ.dev != pd.dev || cfg.RecvCQ.dev != pd.dev {
+func (pd *softPD) NewQP(cfg QPDriverConfig) (QPDriver, error) {
+	scq, ok1 := cfg.SendCQ.(*softCQ)
+	rcq, ok2 := cfg.RecvCQ.(*softCQ)
+	if !ok1 || !ok2 || scq.dev != pd.dev || rcq.dev != pd.dev {
 		return nil, fmt.Errorf("nprdma: create queue pair: completion queue of another device")
 	}
 	if cfg.MaxInline > MaxInlineLimit {
@@ -181,11 +157,11 @@ func (pd *PD) NewQP(cfg QPConfig) (*QP, error) {
 		}
 		return v
 	}
-	qp := &QP{
+	qp := &softQP{
 		dev:        pd.dev,
 		pd:         pd,
-		sendCQ:     cfg.SendCQ,
-		recvCQ:     cfg.RecvCQ,
+		sendCQ:     scq,
+		recvCQ:     rcq,
 		maxInline:  def(cfg.MaxInline, DefaultMaxInline),
 		rnrRetry:   cfg.RNRRetry,
 		rnrTimeout: cfg.RNRTimeout,
@@ -230,37 +206,40 @@ func (pd *PD) NewQP(cfg QPConfig) (*QP, error) {
 }
 
 // Num is the queue pair number, reported in completions.
-func (qp *QP) Num() uint32 { return qp.num }
+func (qp *softQP) Num() uint32 { return qp.num }
+
+// MaxInline is the largest inline payload.
+func (qp *softQP) MaxInline() int { return qp.maxInline }
 
 // RemoteNum is the peer's queue pair number (once connected).
-func (qp *QP) RemoteNum() uint32 {
+func (qp *softQP) RemoteNum() uint32 {
 	qp.ctl.Lock()
 	defer qp.ctl.Unlock()
 	return qp.remoteNum
 }
 
 // State is the current state.
-func (qp *QP) State() QPState { return QPState(qp.state.Load()) }
+func (qp *softQP) State() QPState { return QPState(qp.state.Load()) }
 
 // SetAccessTag sets the tag the NIC engine compares with a tagged region's
 // (WithAccessTag) when a peer names its rkey on this queue pair. It may be
 // changed at any time; requests already validated are not affected.
-func (qp *QP) SetAccessTag(tag uint64) { qp.accessTag.Store(tag) }
+func (qp *softQP) SetAccessTag(tag uint64) { qp.accessTag.Store(tag) }
 
 // AccessTag is the queue pair's access tag (0 unless set).
-func (qp *QP) AccessTag() uint64 { return qp.accessTag.Load() }
+func (qp *softQP) AccessTag() uint64 { return qp.accessTag.Load() }
 
 // PD is the queue pair's protection domain.
-func (qp *QP) PD() *PD { return qp.pd }
+func (qp *softQP) PD() *softPD { return qp.pd }
 
 // Done is closed when the QP enters the error or closed state.
-func (qp *QP) Done() <-chan struct{} { return qp.done }
+func (qp *softQP) Done() <-chan struct{} { return qp.done }
 
 // Err says why the QP left the ready-to-send state (nil before). It wraps
 // one of ErrDisconnected, ErrPeerDisconnected, ErrPeerLost, ErrTimeout,
 // ErrRemoteAccess, ErrRemoteRequest, ErrRemoteOperation, ErrRNRRetryExceeded,
 // ErrLocalProtection, ErrLocalLength, ErrProtocol, ErrCQOverflow, ErrClosed.
-func (qp *QP) Err() error {
+func (qp *softQP) Err() error {
 	qp.ctl.Lock()
 	defer qp.ctl.Unlock()
 	return qp.err
@@ -270,14 +249,14 @@ func (qp *QP) Err() error {
 // returns the private data the peer accepted with. A rejection is returned
 // as *RejectError. A QP connects at most once; after a failed Connect it is
 // in the error state.
-func (qp *QP) Connect(ctx context.Context, addr string, privateData []byte) ([]byte, error) {
+func (qp *softQP) Connect(ctx context.Context, addr string, privateData []byte) ([]byte, error) {
 	if len(privateData) > MaxPrivateData {
 		return nil, fmt.Errorf("nprdma: connect qp %d to %s: %d bytes of private data, at most %d", qp.num, addr, len(privateData), MaxPrivateData)
 	}
 	if err := qp.beginConnect(); err != nil {
 		return nil, err
 	}
-	link, hello, err := qp.dev.prov.Dial(ctx, addr, Hello{QPNum: qp.num, PrivateData: privateData})
+	lk, hello, err := qp.dev.prov.Dial(ctx, addr, link.Hello{QPNum: qp.num, PrivateData: privateData})
 	if err != nil {
 		qp.connectFailed()
 		var rej *RejectError
@@ -286,13 +265,13 @@ func (qp *QP) Connect(ctx context.Context, addr string, privateData []byte) ([]b
 		}
 		return nil, fmt.Errorf("nprdma: connect qp %d to %s: %w", qp.num, addr, err)
 	}
-	if err := qp.establish(link, hello.QPNum); err != nil {
+	if err := qp.establish(lk, hello.QPNum); err != nil {
 		return nil, err
 	}
 	return hello.PrivateData, nil
 }
 
-func (qp *QP) beginConnect() error {
+func (qp *softQP) beginConnect() error {
 	qp.ctl.Lock()
 	defer qp.ctl.Unlock()
 	if st := qp.State(); st != QPStateInit {
@@ -304,7 +283,7 @@ func (qp *QP) beginConnect() error {
 
 // connectFailed moves a QP whose connection failed to the error state and
 // flushes the receives posted in advance.
-func (qp *QP) connectFailed() {
+func (qp *softQP) connectFailed() {
 	qp.ctl.Lock()
 	if qp.State() == QPStateConnecting {
 		qp.setErrorLocked(fmt.Errorf("nprdma: qp %d: %w", qp.num, ErrNotConnected))
@@ -314,29 +293,29 @@ func (qp *QP) connectFailed() {
 	qp.closeLinkDown()
 }
 
-func (qp *QP) establish(link Link, remote uint32) error {
+func (qp *softQP) establish(lk link.Link, remote uint32) error {
 	qp.ctl.Lock()
 	if qp.State() != QPStateConnecting {
 		st := qp.State()
 		qp.ctl.Unlock()
-		link.Abort()
+		lk.Abort()
 		return fmt.Errorf("nprdma: qp %d became %s while connecting: %w", qp.num, st, ErrClosed)
 	}
-	qp.link = link
+	qp.link = lk
 	qp.remoteNum = remote
-	if d, ok := link.(Driver); ok {
+	if d, ok := lk.(link.Driver); ok {
 		qp.driver.Store(&driverRef{d})
 	}
-	_, qp.copyAtDelivery = link.(DeliveryCopier)
-	qp.localReader, _ = link.(LocalReader)
-	qp.sharer, _ = link.(RegionSharer)
+	_, qp.copyAtDelivery = lk.(link.DeliveryCopier)
+	qp.localReader, _ = lk.(link.LocalReader)
+	qp.sharer, _ = lk.(link.RegionSharer)
 	qp.state.Store(int32(QPStateRTS))
-	link.Start(qp)
+	lk.Start(qp)
 	qp.ctl.Unlock()
 	return nil
 }
 
-func (qp *QP) setErrorLocked(cause error) {
+func (qp *softQP) setErrorLocked(cause error) {
 	if qp.err == nil {
 		qp.err = cause
 	}
@@ -352,25 +331,25 @@ func (qp *QP) setErrorLocked(cause error) {
 // gracefully (packets already queued, such as a NAK, still reach the peer)
 // or abruptly. The queues are flushed when the link reports it is down.
 // fail takes no queue lock, so it may be called with one held.
-func (qp *QP) fail(cause error, abort bool) {
+func (qp *softQP) fail(cause error, abort bool) {
 	qp.ctl.Lock()
 	if st := qp.State(); st == QPStateRTS || st == QPStateConnecting || st == QPStateInit {
 		qp.setErrorLocked(fmt.Errorf("nprdma: qp %d: %w", qp.num, cause))
 	}
-	link := qp.link
+	lk := qp.link
 	first := !qp.linkClosing
 	qp.linkClosing = true
-	if link != nil && !abort && first {
-		qp.lingerTimer = time.AfterFunc(qp.linger, link.Abort)
+	if lk != nil && !abort && first {
+		qp.lingerTimer = time.AfterFunc(qp.linger, lk.Abort)
 	}
 	qp.ctl.Unlock()
-	if link == nil {
+	if lk == nil {
 		return
 	}
 	if abort {
-		link.Abort()
+		lk.Abort()
 	} else if first {
-		link.Close()
+		lk.Close()
 	}
 }
 
@@ -378,9 +357,9 @@ func (qp *QP) fail(cause error, abort bool) {
 // state with ErrPeerDisconnected) and moves this QP to the error state;
 // every outstanding work request on both sides completes with
 // StatusWRFlushed.
-func (qp *QP) Disconnect() error {
+func (qp *softQP) Disconnect() error {
 	qp.ctl.Lock()
-	st, link := qp.State(), qp.link
+	st, lk := qp.State(), qp.link
 	switch st {
 	case QPStateRTS:
 		// Enter the error state before the peer can hear of it: its answer
@@ -394,7 +373,7 @@ func (qp *QP) Disconnect() error {
 		return fmt.Errorf("nprdma: disconnect qp %d: %w (state %s)", qp.num, ErrNotConnected, st)
 	}
 	qp.ctl.Unlock()
-	link.Send([]Packet{{Header: Header{Kind: PacketDisconnect}}})
+	lk.Send([]link.Packet{{Header: link.Header{Kind: link.PacketDisconnect}}})
 	qp.fail(ErrDisconnected, false)
 	return nil
 }
@@ -402,7 +381,7 @@ func (qp *QP) Disconnect() error {
 // Close destroys the QP. A connected QP's link is cut at once (the peer sees
 // a lost peer, as when a process dies); outstanding work requests complete
 // with StatusWRFlushed before Close returns, and no completion follows.
-func (qp *QP) Close() error {
+func (qp *softQP) Close() error {
 	qp.ctl.Lock()
 	if qp.State() == QPStateClosed {
 		qp.ctl.Unlock()
@@ -417,11 +396,11 @@ func (qp *QP) Close() error {
 	default:
 		close(qp.done)
 	}
-	link := qp.link
+	lk := qp.link
 	qp.linkClosing = true
 	qp.ctl.Unlock()
-	if link != nil {
-		link.Abort()
+	if lk != nil {
+		lk.Abort()
 		<-qp.linkDown
 	} else {
 		qp.flushQueues(nil)
@@ -440,7 +419,7 @@ func (qp *QP) Close() error {
 	return nil
 }
 
-func (qp *QP) closeLinkDown() {
+func (qp *softQP) closeLinkDown() {
 	qp.ctl.Lock()
 	defer qp.ctl.Unlock()
 	select {
@@ -450,7 +429,7 @@ func (qp *QP) closeLinkDown() {
 	}
 }
 
-func (qp *QP) stopTimers() {
+func (qp *softQP) stopTimers() {
 	qp.ctl.Lock()
 	if qp.lingerTimer != nil {
 		qp.lingerTimer.Stop()
@@ -471,7 +450,7 @@ func (qp *QP) stopTimers() {
 // cause decides the status of the oldest send: StatusRetryExceeded when the
 // peer was lost or silent, StatusBadResponse after a protocol violation,
 // StatusWRFlushed otherwise (and for every later one).
-func (qp *QP) flushQueues(cause error) {
+func (qp *softQP) flushQueues(cause error) {
 	head := StatusWRFlushed
 	switch {
 	case errors.Is(cause, ErrPeerLost), errors.Is(cause, ErrTimeout):
@@ -513,7 +492,7 @@ func (qp *QP) flushQueues(cause error) {
 }
 
 // LinkDown is called by the provider once the link is gone.
-func (qp *QP) LinkDown(err error) {
+func (qp *softQP) LinkDown(err error) {
 	qp.ctl.Lock()
 	if qp.State() == QPStateRTS {
 		if errors.Is(err, ErrProtocol) {
@@ -534,7 +513,7 @@ func (qp *QP) LinkDown(err error) {
 
 // --- posting ---------------------------------------------------------------
 
-func (qp *QP) checkSendWR(wr *SendWR) error {
+func (qp *softQP) checkSendWR(wr *SendWR) error {
 	switch wr.Op {
 	case OpSend, OpSendWithImm, OpWrite, OpWriteWithImm, OpRead:
 	default:
@@ -565,7 +544,7 @@ func (qp *QP) checkSendWR(wr *SendWR) error {
 // network. A malformed request or a full queue fails the whole call and
 // posts nothing; errors found while executing (keys, bounds, the peer)
 // complete the request with an error status.
-func (qp *QP) PostSend(wrs ...SendWR) error {
+func (qp *softQP) PostSend(wrs ...SendWR) error {
 	for i := range wrs {
 		if err := qp.checkSendWR(&wrs[i]); err != nil {
 			return err
@@ -620,15 +599,15 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 		qp.pushSendLocked()
 	}
 	qp.settleHeadLocked()
-	link := qp.link
+	lk := qp.link
 	sq.mu.Unlock()
 	if sent {
-		link.Flush()
+		lk.Flush()
 	}
 	return nil
 }
 
-func (qp *QP) enqueueLocked(wr *SendWR, local bool) {
+func (qp *softQP) enqueueLocked(wr *SendWR, local bool) {
 	sq := &qp.sq
 	rec := &sq.ring[(sq.head+sq.count)%len(sq.ring)]
 	sq.count++
@@ -686,7 +665,7 @@ func (qp *QP) enqueueLocked(wr *SendWR, local bool) {
 
 // transmitLocked hands every record not yet transmitted to the link, up to
 // the first one with a local error; it reports whether it sent anything.
-func (qp *QP) transmitLocked() bool {
+func (qp *softQP) transmitLocked() bool {
 	sq := &qp.sq
 	if sq.rnrWait || qp.State() != QPStateRTS {
 		return false
@@ -718,18 +697,18 @@ func (qp *QP) transmitLocked() bool {
 	return true
 }
 
-func (rec *sendRecord) packet() Packet {
-	p := Packet{Header: Header{Seq: rec.seq, Len: rec.length}}
+func (rec *sendRecord) packet() link.Packet {
+	p := link.Packet{Header: link.Header{Seq: rec.seq, Len: rec.length}}
 	switch rec.op {
 	case OpSend, OpSendWithImm:
-		p.Kind = PacketSend
+		p.Kind = link.PacketSend
 		p.Data = rec.segs
 	case OpWrite, OpWriteWithImm:
-		p.Kind = PacketWrite
+		p.Kind = link.PacketWrite
 		p.RKey, p.Addr = rec.rkey, rec.raddr
 		p.Data = rec.segs
 	case OpRead:
-		p.Kind = PacketReadRequest
+		p.Kind = link.PacketReadRequest
 		p.RKey, p.Addr = rec.rkey, rec.raddr
 	}
 	if rec.op.hasImm() {
@@ -740,7 +719,7 @@ func (rec *sendRecord) packet() Packet {
 
 // settleHeadLocked completes a record with a local error once every record
 // before it completed, and fails the QP (as verbs does on a local error).
-func (qp *QP) settleHeadLocked() {
+func (qp *softQP) settleHeadLocked() {
 	sq := &qp.sq
 	if sq.count == 0 || sq.sent > 0 || sq.flushed {
 		return
@@ -761,7 +740,7 @@ func (qp *QP) settleHeadLocked() {
 
 // completeHeadLocked removes the oldest send record and queues its
 // completion (always for errors, for successes if signaled).
-func (qp *QP) completeHeadLocked(st Status) {
+func (qp *softQP) completeHeadLocked(st Status) {
 	sq := &qp.sq
 	rec := &sq.ring[sq.head]
 	if st != StatusSuccess || rec.signaled {
@@ -790,7 +769,7 @@ func (qp *QP) completeHeadLocked(st Status) {
 	}
 }
 
-func (qp *QP) pushSendLocked() {
+func (qp *softQP) pushSendLocked() {
 	sq := &qp.sq
 	if len(sq.wcs) == 0 {
 		return
@@ -804,7 +783,7 @@ func (qp *QP) pushSendLocked() {
 
 // PostRecv posts receive work requests. They may be posted before the QP
 // connects (and should be, or the first SENDs meet RNR NAKs).
-func (qp *QP) PostRecv(wrs ...RecvWR) error {
+func (qp *softQP) PostRecv(wrs ...RecvWR) error {
 	for i := range wrs {
 		if len(wrs[i].SG) > MaxSGE {
 			return fmt.Errorf("nprdma: post recv on qp %d: work request %d: %d SGEs, at most %d: %w", qp.num, wrs[i].ID, len(wrs[i].SG), MaxSGE, ErrInvalidWorkRequest)
@@ -847,7 +826,7 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 	return nil
 }
 
-func (qp *QP) popRecvLocked() {
+func (qp *softQP) popRecvLocked() {
 	rq := &qp.rq
 	rec := &rq.ring[rq.head]
 	clear(rec.segs)
@@ -857,7 +836,7 @@ func (qp *QP) popRecvLocked() {
 
 // --- timers ----------------------------------------------------------------
 
-func (qp *QP) armTimeoutLocked() {
+func (qp *softQP) armTimeoutLocked() {
 	if qp.timeout <= 0 || qp.sq.timerArmed {
 		return
 	}
@@ -871,7 +850,7 @@ func (qp *QP) armTimeoutLocked() {
 
 // onTimeout checks for a silent peer: work outstanding and nothing received
 // for qp.timeout.
-func (qp *QP) onTimeout() {
+func (qp *softQP) onTimeout() {
 	sq := &qp.sq
 	sq.mu.Lock()
 	if sq.count == 0 || sq.flushed || !sq.timerArmed {
@@ -896,7 +875,7 @@ func (qp *QP) onTimeout() {
 	qp.fail(fmt.Errorf("%w: nothing from the peer for %v with work outstanding", ErrTimeout, idle.Round(time.Millisecond)), true)
 }
 
-func (qp *QP) onRNRTimer() {
+func (qp *softQP) onRNRTimer() {
 	sq := &qp.sq
 	sq.mu.Lock()
 	if !sq.rnrWait {
@@ -905,9 +884,9 @@ func (qp *QP) onRNRTimer() {
 	}
 	sq.rnrWait = false
 	sent := qp.transmitLocked()
-	link := qp.link
+	lk := qp.link
 	sq.mu.Unlock()
 	if sent {
-		link.Flush()
+		lk.Flush()
 	}
 }

@@ -3,6 +3,8 @@ package nprdma
 import (
 	"fmt"
 	"time"
+
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // This file is the inbound half of a queue pair: the responder (requests
@@ -11,14 +13,14 @@ import (
 // packets on.
 
 // Deliver is called by the provider for each inbound packet.
-func (qp *QP) Deliver(h *Header, p Payload) error {
+func (qp *softQP) Deliver(h *link.Header, p link.Payload) error {
 	raceAcquire()
 	err := qp.deliver(h, p)
 	raceRelease()
 	return err
 }
 
-func (qp *QP) deliver(h *Header, p Payload) error {
+func (qp *softQP) deliver(h *link.Header, p link.Payload) error {
 	qp.lastRx.Store(nanotime())
 	if qp.State() != QPStateRTS {
 		// After a failure or a disconnect nothing executes any more.
@@ -30,19 +32,19 @@ func (qp *QP) deliver(h *Header, p Payload) error {
 		}
 	}
 	switch h.Kind {
-	case PacketSend:
+	case link.PacketSend:
 		return qp.onSend(h, p)
-	case PacketWrite:
+	case link.PacketWrite:
 		return qp.onWrite(h, p)
-	case PacketReadRequest:
+	case link.PacketReadRequest:
 		return qp.onReadRequest(h, p)
-	case PacketReadResponse:
+	case link.PacketReadResponse:
 		return qp.onReadResponse(h, p)
-	case PacketAck:
+	case link.PacketAck:
 		return qp.onAck(h)
-	case PacketNak:
+	case link.PacketNak:
 		return qp.onNak(h)
-	case PacketDisconnect:
+	case link.PacketDisconnect:
 		qp.fail(ErrPeerDisconnected, false)
 		return nil
 	}
@@ -52,9 +54,9 @@ func (qp *QP) deliver(h *Header, p Payload) error {
 // Idle flushes acknowledgements and responses once the inbound stream is
 // drained, so one write carries every response to one read. An
 // acknowledgement a request of ours already carried is not sent again.
-func (qp *QP) Idle() {
+func (qp *softQP) Idle() {
 	if v := qp.takeAck(); v != 0 && qp.State() == QPStateRTS {
-		qp.respond(Packet{Header: Header{Kind: PacketAck, Seq: uint32(v)}})
+		qp.respond(link.Packet{Header: link.Header{Kind: link.PacketAck, Seq: uint32(v)}})
 	}
 	qp.link.Flush()
 }
@@ -66,35 +68,35 @@ const ackPendingBit = 1 << 32
 // owe records that the responder executed request seq and owes the peer its
 // acknowledgement: a standalone ACK at the next Idle, unless a request of
 // ours carries it first (see transmitLocked).
-func (qp *QP) owe(seq uint32) { qp.ackOut.Store(ackPendingBit | uint64(seq)) }
+func (qp *softQP) owe(seq uint32) { qp.ackOut.Store(ackPendingBit | uint64(seq)) }
 
 // acknowledged records that a response (READ response, NAK) acknowledges
 // everything the responder executed so far.
-func (qp *QP) acknowledged() { qp.ackOut.Store(0) }
+func (qp *softQP) acknowledged() { qp.ackOut.Store(0) }
 
 // takeAck claims the acknowledgement owed, if any (0: none). Each value is
 // claimed once, by Idle or by a poster.
-func (qp *QP) takeAck() uint64 {
+func (qp *softQP) takeAck() uint64 {
 	if qp.ackOut.Load() == 0 {
 		return 0
 	}
 	return qp.ackOut.Swap(0)
 }
 
-func (qp *QP) protocolError(format string, args ...any) error {
+func (qp *softQP) protocolError(format string, args ...any) error {
 	err := fmt.Errorf("%w: "+format, append([]any{ErrProtocol}, args...)...)
 	qp.fail(err, true)
 	return err
 }
 
-func discard(p Payload, n int) error {
+func discard(p link.Payload, n int) error {
 	if n == 0 {
 		return nil
 	}
 	return p.Discard(n)
 }
 
-func (qp *QP) respond(pkts ...Packet) {
+func (qp *softQP) respond(pkts ...link.Packet) {
 	qp.rs.pkts = append(qp.rs.pkts[:0], pkts...)
 	qp.link.Send(qp.rs.pkts)
 	clear(qp.rs.pkts)
@@ -103,7 +105,7 @@ func (qp *QP) respond(pkts ...Packet) {
 // checkSeq accepts the request the responder expects. After an RNR NAK the
 // requester goes back to the NAKed request, so the requests it had sent
 // after it are dropped until it arrives again.
-func (qp *QP) checkSeq(h *Header, p Payload) (bool, error) {
+func (qp *softQP) checkSeq(h *link.Header, p link.Payload) (bool, error) {
 	rs := &qp.rs
 	if h.Seq == rs.expected {
 		rs.nakMode = false
@@ -117,13 +119,13 @@ func (qp *QP) checkSeq(h *Header, p Payload) (bool, error) {
 
 // nak refuses request seq. Every NAK but RNR is fatal for both queue pairs:
 // the NAK is sent, then the link closes gracefully.
-func (qp *QP) nak(h *Header, p Payload, syn Syndrome, cause error) error {
+func (qp *softQP) nak(h *link.Header, p link.Payload, syn link.Syndrome, cause error) error {
 	qp.acknowledged() // a NAK acknowledges everything before it
-	qp.respond(Packet{Header: Header{Kind: PacketNak, Seq: h.Seq, Syndrome: syn}})
+	qp.respond(link.Packet{Header: link.Header{Kind: link.PacketNak, Seq: h.Seq, Syndrome: syn}})
 	if err := discard(p, h.PayloadLen()); err != nil {
 		return err
 	}
-	if syn == NakRNR {
+	if syn == link.NakRNR {
 		qp.rs.nakMode = true
 		qp.dev.ctr.rnrNaksSent.Add(1)
 		return nil
@@ -133,7 +135,7 @@ func (qp *QP) nak(h *Header, p Payload, syn Syndrome, cause error) error {
 }
 
 // peekRecv returns the oldest posted receive, or nil.
-func (qp *QP) peekRecv() *recvRecord {
+func (qp *softQP) peekRecv() *recvRecord {
 	rq := &qp.rq
 	rq.mu.Lock()
 	defer rq.mu.Unlock()
@@ -143,7 +145,7 @@ func (qp *QP) peekRecv() *recvRecord {
 	return &rq.ring[rq.head]
 }
 
-func (qp *QP) completeRecv(wc WC) {
+func (qp *softQP) completeRecv(wc WC) {
 	rq := &qp.rq
 	rq.mu.Lock()
 	wc.ID = rq.ring[rq.head].id
@@ -156,21 +158,21 @@ func (qp *QP) completeRecv(wc WC) {
 	}
 }
 
-func (qp *QP) onSend(h *Header, p Payload) error {
+func (qp *softQP) onSend(h *link.Header, p link.Payload) error {
 	if ok, err := qp.checkSeq(h, p); !ok {
 		return err
 	}
 	rec := qp.peekRecv()
 	if rec == nil {
-		return qp.nak(h, p, NakRNR, nil)
+		return qp.nak(h, p, link.NakRNR, nil)
 	}
 	if rec.err != StatusSuccess {
 		qp.completeRecv(WC{Status: rec.err, Op: OpRecv})
-		return qp.nak(h, p, NakRemoteOperation, fmt.Errorf("%w: receive buffer of a %d-byte SEND", ErrLocalProtection, h.Len))
+		return qp.nak(h, p, link.NakRemoteOperation, fmt.Errorf("%w: receive buffer of a %d-byte SEND", ErrLocalProtection, h.Len))
 	}
 	if uint64(h.Len) > rec.capacity {
 		qp.completeRecv(WC{Status: StatusLocalLength, Op: OpRecv})
-		return qp.nak(h, p, NakInvalidRequest, fmt.Errorf("%w: %d-byte SEND into %d bytes of receive buffers", ErrLocalLength, h.Len, rec.capacity))
+		return qp.nak(h, p, link.NakInvalidRequest, fmt.Errorf("%w: %d-byte SEND into %d bytes of receive buffers", ErrLocalLength, h.Len, rec.capacity))
 	}
 	if err := scatter(p, rec.segs, 0, int(h.Len)); err != nil {
 		return err
@@ -182,27 +184,33 @@ func (qp *QP) onSend(h *Header, p Payload) error {
 	return nil
 }
 
-func (qp *QP) onWrite(h *Header, p Payload) error {
+func (qp *softQP) onWrite(h *link.Header, p link.Payload) error {
 	if ok, err := qp.checkSeq(h, p); !ok {
 		return err
 	}
-	var dst []byte
+	var mr *softMR
+	var off int
 	if h.Len > 0 {
 		// The NIC engine's check, before any byte moves. (As in verbs, a
 		// zero-length WRITE names no memory and is not checked.)
-		mr, off, ok := qp.remoteRegion(h.RKey, h.Addr, h.Len, AccessRemoteWrite)
-		if !ok {
-			qp.dev.ctr.remoteAccessErrors.Add(1)
-			return qp.nak(h, p, NakRemoteAccess, fmt.Errorf("%w: peer's WRITE of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
+		var ok bool
+		if mr, off, ok = qp.remoteRegion(h.RKey, h.Addr, h.Len, AccessRemoteWrite); !ok {
+			return qp.refuseWrite(h, p)
 		}
-		dst = mr.buf[off : off+int(h.Len)]
 	}
 	if h.HasImm && qp.peekRecv() == nil {
 		// WRITE_WITH_IMM consumes a receive: without one nothing is written.
-		return qp.nak(h, p, NakRNR, nil)
+		return qp.nak(h, p, link.NakRNR, nil)
 	}
-	if len(dst) > 0 {
-		if err := p.Read(dst); err != nil {
+	if mr != nil {
+		// Held while the bytes land: Deregister waits for it, so that the
+		// owner may free the memory once Deregister returns.
+		if !mr.beginServe() {
+			return qp.refuseWrite(h, p)
+		}
+		err := p.Read(mr.buf[off : off+int(h.Len)])
+		mr.endServe()
+		if err != nil {
 			return err
 		}
 	}
@@ -216,14 +224,20 @@ func (qp *QP) onWrite(h *Header, p Payload) error {
 	return nil
 }
 
-func (qp *QP) onReadRequest(h *Header, p Payload) error {
+// refuseWrite answers a WRITE whose region check failed.
+func (qp *softQP) refuseWrite(h *link.Header, p link.Payload) error {
+	qp.dev.ctr.remoteAccessErrors.Add(1)
+	return qp.nak(h, p, link.NakRemoteAccess, fmt.Errorf("%w: peer's WRITE of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
+}
+
+func (qp *softQP) onReadRequest(h *link.Header, p link.Payload) error {
 	if ok, err := qp.checkSeq(h, p); !ok {
 		return err
 	}
 	if h.Len > MaxMessageSize {
-		return qp.nak(h, p, NakInvalidRequest, fmt.Errorf("%w: peer's READ of %d bytes exceeds %d", ErrRemoteRequest, h.Len, MaxMessageSize))
+		return qp.nak(h, p, link.NakInvalidRequest, fmt.Errorf("%w: peer's READ of %d bytes exceeds %d", ErrRemoteRequest, h.Len, MaxMessageSize))
 	}
-	var mr *MR
+	var mr *softMR
 	var off int
 	if h.Len > 0 {
 		var ok bool
@@ -236,7 +250,7 @@ func (qp *QP) onReadRequest(h *Header, p Payload) error {
 		}
 		if !ok {
 			qp.dev.ctr.remoteAccessErrors.Add(1)
-			return qp.nak(h, p, NakRemoteAccess, fmt.Errorf("%w: peer's READ of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
+			return qp.nak(h, p, link.NakRemoteAccess, fmt.Errorf("%w: peer's READ of %d bytes at %#x with rkey %#x refused", ErrRemoteAccess, h.Len, h.Addr, h.RKey))
 		}
 	}
 	qp.acknowledged() // the response acknowledges everything before it
@@ -255,12 +269,12 @@ func (qp *QP) onReadRequest(h *Header, p Payload) error {
 
 // headSeqLocked is the sequence number of the oldest outstanding request.
 // Records executed here (local READs) have none and are not counted.
-func (qp *QP) headSeqLocked() uint32 { return qp.sq.nextSeq - uint32(qp.sq.count-qp.sq.locals) }
+func (qp *softQP) headSeqLocked() uint32 { return qp.sq.nextSeq - uint32(qp.sq.count-qp.sq.locals) }
 
 // ackThroughLocked completes, as successes, the k oldest requests sent to
 // the peer, which must all be SENDs or WRITEs (a READ completes only by its
 // response), and the local READs before and right after them.
-func (qp *QP) ackThroughLocked(k int) error {
+func (qp *softQP) ackThroughLocked(k int) error {
 	sq := &qp.sq
 	if k > sq.sentReqs {
 		return fmt.Errorf("acknowledges %d requests, only %d transmitted", k, sq.sentReqs)
@@ -281,14 +295,14 @@ func (qp *QP) ackThroughLocked(k int) error {
 
 // completeLocalsLocked completes the local READs at the head of the send
 // queue: every record before them has completed.
-func (qp *QP) completeLocalsLocked() {
+func (qp *softQP) completeLocalsLocked() {
 	sq := &qp.sq
 	for sq.count > 0 && sq.ring[sq.head].local && !sq.flushed {
 		qp.completeHeadLocked(StatusSuccess)
 	}
 }
 
-func (qp *QP) onAck(h *Header) error {
+func (qp *softQP) onAck(h *link.Header) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
@@ -313,7 +327,7 @@ func (qp *QP) onAck(h *Header) error {
 // claimed it before a response that acknowledged more overtook it on the
 // wire. A stale one changes nothing; one that covers a request never
 // transmitted, or a READ without its response, is a protocol violation.
-func (qp *QP) onPiggybackAck(ack uint32) error {
+func (qp *softQP) onPiggybackAck(ack uint32) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
@@ -333,7 +347,7 @@ func (qp *QP) onPiggybackAck(ack uint32) error {
 	return nil
 }
 
-func (qp *QP) onNak(h *Header) error {
+func (qp *softQP) onNak(h *link.Header) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
@@ -350,7 +364,7 @@ func (qp *QP) onNak(h *Header) error {
 	var st Status
 	var cause error
 	switch h.Syndrome {
-	case NakRNR:
+	case link.NakRNR:
 		rec.rnrTries++
 		qp.dev.ctr.rnrRetries.Add(1)
 		if rec.rnrTries <= qp.rnrRetry {
@@ -368,11 +382,11 @@ func (qp *QP) onNak(h *Header) error {
 			return nil
 		}
 		st, cause = StatusRNRRetryExceeded, fmt.Errorf("%w: request %d refused %d times", ErrRNRRetryExceeded, h.Seq, rec.rnrTries)
-	case NakRemoteAccess:
+	case link.NakRemoteAccess:
 		st, cause = StatusRemoteAccess, fmt.Errorf("%w: %s of %d bytes at %#x with rkey %#x refused by the peer", ErrRemoteAccess, rec.op, rec.length, rec.raddr, rec.rkey)
-	case NakInvalidRequest:
+	case link.NakInvalidRequest:
 		st, cause = StatusRemoteInvalidRequest, fmt.Errorf("%w: %s of %d bytes refused by the peer", ErrRemoteRequest, rec.op, rec.length)
-	case NakRemoteOperation:
+	case link.NakRemoteOperation:
 		st, cause = StatusRemoteOperation, fmt.Errorf("%w: %s of %d bytes failed at the peer", ErrRemoteOperation, rec.op, rec.length)
 	default:
 		qp.pushSendLocked()
@@ -386,7 +400,7 @@ func (qp *QP) onNak(h *Header) error {
 	return nil
 }
 
-func (qp *QP) onReadResponse(h *Header, p Payload) error {
+func (qp *softQP) onReadResponse(h *link.Header, p link.Payload) error {
 	sq := &qp.sq
 	sq.mu.Lock()
 	head := qp.headSeqLocked()
@@ -435,7 +449,7 @@ func (qp *QP) onReadResponse(h *Header, p Payload) error {
 // earlier one is due first): its whole rest in one segment, as a pinned
 // region answers. Otherwise the peer's next SEND, as long as the last one,
 // into the receive buffer posted first.
-func (qp *QP) ExpectPayload(least int, e *ExpectedPayload) bool {
+func (qp *softQP) ExpectPayload(least int, e *link.ExpectedPayload) bool {
 	if qp.State() != QPStateRTS {
 		return false
 	}
@@ -450,12 +464,12 @@ func (qp *QP) ExpectPayload(least int, e *ExpectedPayload) bool {
 	if rec == nil || rec.err != StatusSuccess || uint64(n) > rec.capacity || len(rec.segs) == 0 {
 		return false
 	}
-	*e = ExpectedPayload{Header: Header{Kind: PacketSend, Seq: qp.rs.expected, Len: n}, SrcUnknown: true,
+	*e = link.ExpectedPayload{Header: link.Header{Kind: link.PacketSend, Seq: qp.rs.expected, Len: n}, SrcUnknown: true,
 		Dst: rec.segs[0][:min(len(rec.segs[0]), int(n))]}
 	return true
 }
 
-func (qp *QP) expectReadResponse(least int, e *ExpectedPayload) bool {
+func (qp *softQP) expectReadResponse(least int, e *link.ExpectedPayload) bool {
 	sq := &qp.sq
 	sq.mu.Lock()
 	defer sq.mu.Unlock()
@@ -470,7 +484,7 @@ func (qp *QP) expectReadResponse(least int, e *ExpectedPayload) bool {
 	off := int(rec.received)
 	for _, s := range rec.segs {
 		if off < len(s) {
-			*e = ExpectedPayload{Header: Header{Kind: PacketReadResponse, Seq: rec.seq, Len: rest, Offset: rec.received, Last: true},
+			*e = link.ExpectedPayload{Header: link.Header{Kind: link.PacketReadResponse, Seq: rec.seq, Len: rest, Offset: rec.received, Last: true},
 				Src: rec.raddr + uint64(rec.received), Dst: s[off:min(len(s), off+int(rest))]}
 			return true
 		}
@@ -481,7 +495,7 @@ func (qp *QP) expectReadResponse(least int, e *ExpectedPayload) bool {
 
 // scatter reads n payload bytes into the concatenation of segs, starting at
 // byte off of it.
-func scatter(p Payload, segs [][]byte, off, n int) error {
+func scatter(p link.Payload, segs [][]byte, off, n int) error {
 	for _, s := range segs {
 		if n == 0 {
 			return nil

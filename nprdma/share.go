@@ -1,6 +1,10 @@
 package nprdma
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/nprdma/nprdma/nprdma/link"
+)
 
 // This file is what the protocol does for links that share memory with the
 // peer (nprdma/shm): the requester executes READs of regions the peer
@@ -15,7 +19,7 @@ var dstPool = sync.Pool{New: func() any { return new([MaxSGE][]byte) }}
 // readLocal executes a posted READ through the link (LocalReader), if the
 // link can: its SGEs resolve, it is not empty, and the peer shared the
 // region. Anything else goes to the peer as usual, which decides.
-func (qp *QP) readLocal(wr *SendWR) bool {
+func (qp *softQP) readLocal(wr *SendWR) bool {
 	segs := dstPool.Get().(*[MaxSGE][]byte)
 	defer func() { clear(segs[:]); dstPool.Put(segs) }()
 	dst := segs[:0]
@@ -49,14 +53,14 @@ func (qp *QP) readLocal(wr *SendWR) bool {
 // regionShares are the regions a queue pair offered its link.
 type regionShares struct {
 	mu      sync.Mutex
-	offered map[*MR]struct{}
+	offered map[*softMR]struct{}
 	closed  bool
 }
 
 // offerRegion offers mr to the link once per queue pair, after a READ of it
 // passed the NIC engine's checks here: the peer may read it, so it may read
 // it in place. Called on the delivering goroutine.
-func (qp *QP) offerRegion(mr *MR) {
+func (qp *softQP) offerRegion(mr *softMR) {
 	sh := &qp.shares
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -67,7 +71,7 @@ func (qp *QP) offerRegion(mr *MR) {
 		return
 	}
 	if sh.offered == nil {
-		sh.offered = map[*MR]struct{}{}
+		sh.offered = map[*softMR]struct{}{}
 	}
 	sh.offered[mr] = struct{}{} // declined or not, offered once
 	sp, ok := mr.pager.(SharedPager)
@@ -79,10 +83,10 @@ func (qp *QP) offerRegion(mr *MR) {
 		return
 	}
 	present, busy, zero, shift := sp.StateBits()
-	revoke, ok := qp.sharer.ShareRegion(SharedRegion{
+	revoke, ok := qp.sharer.ShareRegion(link.SharedRegion{
 		RKey: mr.rkey, Addr: mr.addr, Len: len(mr.buf), PageSize: mr.pageSize, Magic: mr.magic,
 		Data: data, States: states, Access: access,
-		Bits: StateBits{Present: present, Busy: busy, Zero: zero, VersionShift: shift},
+		Bits: link.StateBits{Present: present, Busy: busy, Zero: zero, VersionShift: shift},
 	})
 	if !ok {
 		return
@@ -94,7 +98,7 @@ func (qp *QP) offerRegion(mr *MR) {
 
 // forgetShares drops the queue pair's entries in its regions' share lists
 // (its link is down: there is nothing left to revoke).
-func (qp *QP) forgetShares() {
+func (qp *softQP) forgetShares() {
 	sh := &qp.shares
 	sh.mu.Lock()
 	offered := sh.offered
@@ -108,11 +112,11 @@ func (qp *QP) forgetShares() {
 // mrShares are the links a region was shared with, and how to revoke each.
 type mrShares struct {
 	mu      sync.Mutex
-	revokes map[*QP]func()
+	revokes map[*softQP]func()
 	closed  bool
 }
 
-func (mr *MR) addShare(qp *QP, revoke func()) bool {
+func (mr *softMR) addShare(qp *softQP, revoke func()) bool {
 	s := &mr.shares
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -120,13 +124,13 @@ func (mr *MR) addShare(qp *QP, revoke func()) bool {
 		return false
 	}
 	if s.revokes == nil {
-		s.revokes = map[*QP]func(){}
+		s.revokes = map[*softQP]func(){}
 	}
 	s.revokes[qp] = revoke
 	return true
 }
 
-func (mr *MR) removeShare(qp *QP) {
+func (mr *softMR) removeShare(qp *softQP) {
 	s := &mr.shares
 	s.mu.Lock()
 	delete(s.revokes, qp)
@@ -135,7 +139,7 @@ func (mr *MR) removeShare(qp *QP) {
 
 // revokeShares fences every peer the region was shared with: once it
 // returns no READ a peer executes in place completes successfully.
-func (mr *MR) revokeShares() {
+func (mr *softMR) revokeShares() {
 	s := &mr.shares
 	s.mu.Lock()
 	revokes := s.revokes

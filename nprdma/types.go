@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // Limits of the API. They bound what a peer may claim on the wire, so a frame
@@ -11,12 +13,12 @@ import (
 const (
 	// MaxMessageSize is the largest SEND, WRITE or READ (the sum of a work
 	// request's scatter/gather list).
-	MaxMessageSize = 1 << 30
+	MaxMessageSize = link.MaxMessageSize
 	// MaxSGE is the longest scatter/gather list of one work request.
-	MaxSGE = 16
+	MaxSGE = link.MaxSGE
 	// MaxPrivateData is the largest private data of a connect, accept or
-	// reject.
-	MaxPrivateData = 1024
+	// reject on the software NIC (a hardware device's: Caps).
+	MaxPrivateData = link.MaxPrivateData
 )
 
 // Access is the set of rights a memory region grants.
@@ -31,9 +33,14 @@ const (
 	AccessRemoteRead
 	// AccessRemoteWrite lets a peer RDMA WRITE the region.
 	AccessRemoteWrite
+	// AccessOnDemand registers without pinning: the device faults pages in
+	// when it touches them (on-demand paging, IBV_ACCESS_ON_DEMAND; hardware
+	// with Caps.OnDemand). The software NIC refuses it: its regions that
+	// are not pinned are RegisterUnpinned's.
+	AccessOnDemand
 )
 
-const accessAll = AccessLocalWrite | AccessRemoteRead | AccessRemoteWrite
+const accessAll = AccessLocalWrite | AccessRemoteRead | AccessRemoteWrite | AccessOnDemand
 
 func (a Access) String() string {
 	if a == 0 {
@@ -48,6 +55,9 @@ func (a Access) String() string {
 	}
 	if a&AccessRemoteWrite != 0 {
 		parts = append(parts, "remote-write")
+	}
+	if a&AccessOnDemand != 0 {
+		parts = append(parts, "on-demand")
 	}
 	if a&^accessAll != 0 {
 		parts = append(parts, "unknown")
@@ -70,6 +80,12 @@ const (
 	OpRead
 	OpRecv
 	OpRecvRDMAWithImm
+	// OpSendWithInv is a SEND that also invalidates the peer's remote key
+	// SendWR.InvalidateRKey (IBV_WR_SEND_WITH_INV), as an NVMe/RDMA
+	// controller answers a host that asked for it. Only hardware devices
+	// offer it (Caps.SendWithInvalidate); the software NIC refuses it at
+	// post time.
+	OpSendWithInv
 )
 
 func (o Opcode) String() string {
@@ -88,6 +104,8 @@ func (o Opcode) String() string {
 		return "RECV"
 	case OpRecvRDMAWithImm:
 		return "RECV_RDMA_WITH_IMM"
+	case OpSendWithInv:
+		return "SEND_WITH_INV"
 	}
 	return "opcode(" + strconv.Itoa(int(o)) + ")"
 }
@@ -127,6 +145,9 @@ const (
 	StatusRetryExceeded
 	// StatusBadResponse: the peer sent a response that breaks the protocol.
 	StatusBadResponse
+	// StatusDeviceError: a hardware device reported an error nprdma has no
+	// name for; the queue pair's Err names it.
+	StatusDeviceError
 )
 
 func (s Status) String() string {
@@ -151,6 +172,8 @@ func (s Status) String() string {
 		return "transport retry exceeded"
 	case StatusBadResponse:
 		return "bad response"
+	case StatusDeviceError:
+		return "device error"
 	}
 	return "status(" + strconv.Itoa(int(s)) + ")"
 }
@@ -186,6 +209,8 @@ type SendWR struct {
 	Inline bool
 	// InlineData is an inline payload given directly as bytes.
 	InlineData []byte
+	// InvalidateRKey is the peer's remote key an OpSendWithInv invalidates.
+	InvalidateRKey uint32
 }
 
 // RecvWR is a work request for the receive queue.
@@ -203,6 +228,10 @@ type WC struct {
 	Imm     uint32
 	HasImm  bool
 	QPNum   uint32 // the local queue pair the work request was posted to
+	// Invalidated reports a receive consumed by a SEND_WITH_INV, which
+	// invalidated this side's remote key InvalidatedRKey.
+	Invalidated     bool
+	InvalidatedRKey uint32
 }
 
 // QPState is the state of a queue pair.
@@ -240,7 +269,7 @@ func (s QPState) String() string {
 var (
 	ErrDisconnected       = errors.New("disconnected")
 	ErrPeerDisconnected   = errors.New("disconnected by the peer")
-	ErrPeerLost           = errors.New("peer lost (connection broken)")
+	ErrPeerLost           = link.ErrPeerLost
 	ErrTimeout            = errors.New("peer silent beyond the timeout")
 	ErrRemoteAccess       = errors.New("remote access error")
 	ErrRemoteRequest      = errors.New("remote invalid request")
@@ -248,23 +277,21 @@ var (
 	ErrRNRRetryExceeded   = errors.New("receiver not ready, retries exhausted")
 	ErrLocalProtection    = errors.New("local protection error")
 	ErrLocalLength        = errors.New("local length error")
-	ErrProtocol           = errors.New("protocol violation by the peer")
+	ErrProtocol           = link.ErrProtocol
 	ErrCQOverflow         = errors.New("completion queue overflow")
 	ErrClosed             = errors.New("closed")
 	ErrNotConnected       = errors.New("queue pair is not connected")
 	ErrQueueFull          = errors.New("work queue full")
 	ErrInvalidWorkRequest = errors.New("invalid work request")
+	// ErrDevice: a hardware device failed the queue pair for a reason it
+	// did not report (a completion status nprdma has no name for, or work
+	// flushed from a queue pair it moved to the error state by itself).
+	ErrDevice = errors.New("device error")
 )
 
-// RejectError is returned by QP.Connect when the peer rejects the connection.
-type RejectError struct {
-	// PrivateData is what the peer passed to ConnRequest.Reject.
-	PrivateData []byte
-}
-
-func (e *RejectError) Error() string {
-	return "nprdma: connection rejected by the peer (" + strconv.Itoa(len(e.PrivateData)) + " bytes of private data)"
-}
+// RejectError is returned by QP.Connect when the peer rejects the
+// connection; PrivateData is what the peer passed to ConnRequest.Reject.
+type RejectError = link.RejectError
 
 // seqBefore reports whether sequence number a comes before b (mod 2^32).
 func seqBefore(a, b uint32) bool { return int32(a-b) < 0 }

@@ -276,18 +276,59 @@ func FuzzRegionDescriptor(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if d.Address+d.Length < d.Address || d.Magic == 0 || d.Blocks() == 0 {
-			t.Fatalf("accepted an unusable descriptor %+v", d)
+		if d.Blocks() == 0 {
+			t.Fatalf("accepted an empty descriptor %+v", d)
 		}
-		if last, ok := d.BlockAddress(d.Blocks() - 1); !ok || last+uint64(d.LBASize) > d.Address+d.Length {
-			t.Fatalf("last block outside the region")
+		used := 40
+		if d.Format == RegionDescriptorFormat2 {
+			used = 60
+			last := d.FrameAddress(d.Frames - 1)
+			if d.Frames == 0 || last < d.Address || last+uint64(d.FrameSize) < last ||
+				d.BucketAddress(d.Buckets-1)+FrameBucketSize < d.TableAddress {
+				t.Fatalf("accepted an unusable frame table %+v", d)
+			}
+		} else {
+			if d.Address+d.Length < d.Address || d.Magic == 0 {
+				t.Fatalf("accepted an unusable descriptor %+v", d)
+			}
+			if last, ok := d.BlockAddress(d.Blocks() - 1); !ok || last+uint64(d.LBASize) > d.Address+d.Length {
+				t.Fatalf("last block outside the region")
+			}
 		}
 		out, err := d.Marshal()
 		if err != nil {
 			t.Fatalf("accepted descriptor does not re-encode: %v", err)
 		}
-		if !bytes.Equal(out[:40], b[:40]) {
+		if !bytes.Equal(out[:used], b[:used]) {
 			t.Fatalf("round trip changed the descriptor")
+		}
+	})
+}
+
+// FuzzFrame: a frame table bucket and a frame, as a host reads them from
+// a target's memory with RDMA READs. A frame is accepted only when it holds
+// the block at an even version with a matching checksum.
+func FuzzFrame(f *testing.F) {
+	for _, s := range frameSeeds() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) < 8 {
+			return
+		}
+		seed, block := le.Uint64(b), uint64(b[0])%64
+		rest := b[8:]
+		if fr, ok := FindInBucket(rest, block); ok && fr > MaxFrames {
+			t.Fatalf("frame %d from a bucket", fr)
+		}
+		data, ok := CheckFrame(seed, block, rest)
+		if !ok {
+			return
+		}
+		v := le.Uint64(rest[FrameVersionOffset:])
+		if v&1 != 0 || le.Uint64(rest[FrameTagOffset:]) != block+1 || len(data) != len(rest)-FrameHeaderSize ||
+			le.Uint64(rest[FrameSumOffset:]) != FrameChecksum(seed, block, v, data) {
+			t.Fatalf("accepted a frame that does not prove itself")
 		}
 	})
 }

@@ -101,7 +101,30 @@ func logSeeds() [][]byte {
 func regionSeeds() [][]byte {
 	d := sampleRegion()
 	small := RegionDescriptor{Format: 1, PageSize: 4096, Address: 0, Length: 512, LBASize: 512, Magic: 1}
-	return [][]byte{must(d.Marshal()), must(small.Marshal())}
+	f := RegionDescriptor{Format: RegionDescriptorFormat2, Flags: RegionRemoteRead, PageSize: 4096, Address: 1 << 20,
+		Length: 1 << 30, RKey: 9, LBASize: 4096, TableAddress: 1 << 40, Frames: 64, Buckets: 16, Seed: 5, FrameSize: FrameHeaderSize + 4096}
+	return [][]byte{must(d.Marshal()), must(small.Marshal()), must(f.Marshal())}
+}
+
+// frameSeeds are a seed and a frame of block seed%64 (see FuzzFrame): a
+// stable one, one being changed, an empty one.
+func frameSeeds() [][]byte {
+	frame := func(seed uint64, v uint64, tag bool) []byte {
+		b := make([]byte, 8+FrameHeaderSize+512)
+		le.PutUint64(b, seed)
+		block := uint64(byte(seed)) % 64
+		fr := b[8:]
+		for i := range fr[FrameHeaderSize:] {
+			fr[FrameHeaderSize+i] = byte(i)
+		}
+		if tag {
+			le.PutUint64(fr[FrameTagOffset:], block+1)
+		}
+		le.PutUint64(fr[FrameVersionOffset:], v)
+		le.PutUint64(fr[FrameSumOffset:], FrameChecksum(seed, block, v, fr[FrameHeaderSize:]))
+		return b
+	}
+	return [][]byte{frame(0x1234, 8, true), frame(0x99, 9, true), frame(7, 2, false)}
 }
 
 type dsmSeed struct {
@@ -142,6 +165,7 @@ func TestWriteFuzzSeeds(t *testing.T) {
 		"FuzzIdentify":         identifySeeds(),
 		"FuzzLogPages":         logSeeds(),
 		"FuzzRegionDescriptor": regionSeeds(),
+		"FuzzFrame":            frameSeeds(),
 	} {
 		for _, s := range seeds {
 			corpora[name] = append(corpora[name], []any{s})

@@ -82,8 +82,13 @@ func (r *NPControllerRef) unmarshal(b []byte) {
 	r.CNTLID = le.Uint16(b[8:])
 }
 
-// RegionDescriptorFormat1 is the only region descriptor format so far.
-const RegionDescriptorFormat1 = 1
+// Region descriptor formats: 1, the namespace mapped linearly in an
+// unpinned region (the software NIC); 2, a frame table (frames.go: real
+// RDMA devices).
+const (
+	RegionDescriptorFormat1 = 1
+	RegionDescriptorFormat2 = 2
+)
 
 // RegionDescriptorSize is the size of a format 1 region descriptor, and the
 // exact data transfer of NP Get Region Descriptor.
@@ -102,7 +107,7 @@ const (
 )
 
 // RegionDescriptor tells a host where a namespace lives in the target's
-// registered memory (format 1, 64 bytes, little-endian):
+// registered memory (64 bytes, little-endian). Format 1:
 //
 //	@0  u16 Format (1)
 //	@2  u16 Flags (RegionRemoteRead | RegionUnpinned | RegionAdvise)
@@ -114,7 +119,21 @@ const (
 //	@32 u64 Magic: the magic page is this value repeated over a page; never 0
 //	@40 reserved, zero (24 bytes)
 //
-// LBA n lives at Address + n*LBASize.
+// LBA n lives at Address + n*LBASize. Format 2, a frame table (frames.go):
+//
+//	@0  u16 Format (2)
+//	@2  u16 Flags (RegionRemoteRead | RegionAdvise)
+//	@4  u32 PageSize: bytes of data per frame, the LBA size
+//	@8  u64 Address: IOVA of frame 0
+//	@16 u64 Length: bytes of the namespace (NSZE * LBASize)
+//	@24 u32 RKey: remote key of the frames and the table, READ access only
+//	@28 u32 LBASize
+//	@32 u64 TableAddress: IOVA of bucket 0
+//	@40 u32 Frames
+//	@44 u32 Buckets: a power of two
+//	@48 u64 Seed: of the checksums and the bucket hash
+//	@56 u32 FrameSize: FrameHeaderSize + LBASize
+//	@60 reserved, zero
 type RegionDescriptor struct {
 	Format   uint16
 	Flags    uint16
@@ -123,19 +142,28 @@ type RegionDescriptor struct {
 	Length   uint64
 	RKey     uint32
 	LBASize  uint32
-	Magic    uint64
+	Magic    uint64 // format 1
+
+	// Format 2.
+	TableAddress uint64
+	Frames       uint32
+	Buckets      uint32
+	Seed         uint64
+	FrameSize    uint32
 }
 
 func (d *RegionDescriptor) check() error {
 	switch {
-	case d.Format != RegionDescriptorFormat1:
-		return fmt.Errorf("format %d, want %d", d.Format, RegionDescriptorFormat1)
+	case d.Format != RegionDescriptorFormat1 && d.Format != RegionDescriptorFormat2:
+		return fmt.Errorf("format %d, want %d or %d", d.Format, RegionDescriptorFormat1, RegionDescriptorFormat2)
 	case d.PageSize < 512 || d.PageSize > 1<<30 || bits.OnesCount32(d.PageSize) != 1:
 		return fmt.Errorf("page size %d is not a power of two in [512, 1 GiB]", d.PageSize)
 	case d.LBASize < 512 || d.LBASize > 1<<20 || bits.OnesCount32(d.LBASize) != 1:
 		return fmt.Errorf("LBA size %d is not a power of two in [512, 1 MiB]", d.LBASize)
 	case d.Length == 0 || d.Length%uint64(d.LBASize) != 0:
 		return fmt.Errorf("length %d is not a positive multiple of the LBA size %d", d.Length, d.LBASize)
+	case d.Format == RegionDescriptorFormat2:
+		return d.checkFrames()
 	case d.Address+d.Length < d.Address:
 		return fmt.Errorf("region [0x%x, +%d) wraps the address space", d.Address, d.Length)
 	case d.Magic == 0:
@@ -158,13 +186,22 @@ func (d *RegionDescriptor) Marshal() ([]byte, error) {
 	le.PutUint64(b[16:], d.Length)
 	le.PutUint32(b[24:], d.RKey)
 	le.PutUint32(b[28:], d.LBASize)
+	if d.Format == RegionDescriptorFormat2 {
+		le.PutUint64(b[32:], d.TableAddress)
+		le.PutUint32(b[40:], d.Frames)
+		le.PutUint32(b[44:], d.Buckets)
+		le.PutUint64(b[48:], d.Seed)
+		le.PutUint32(b[56:], d.FrameSize)
+		return b, nil
+	}
 	le.PutUint64(b[32:], d.Magic)
 	return b, nil
 }
 
-// ParseRegionDescriptor decodes and checks a 64-byte descriptor: format 1,
-// page and LBA sizes powers of two, a non-empty length that is a multiple of
-// the LBA size and does not wrap, a non-zero magic.
+// ParseRegionDescriptor decodes and checks a 64-byte descriptor: page and
+// LBA sizes powers of two, a non-empty length that is a multiple of the LBA
+// size; for format 1 a region that does not wrap and a non-zero magic; for
+// format 2 a frame table that fits the address space and its encoding.
 func ParseRegionDescriptor(b []byte) (RegionDescriptor, error) {
 	if len(b) != RegionDescriptorSize {
 		return RegionDescriptor{}, fmt.Errorf("nvme: region descriptor is %d bytes, want %d", len(b), RegionDescriptorSize)
@@ -177,7 +214,12 @@ func ParseRegionDescriptor(b []byte) (RegionDescriptor, error) {
 		Length:   le.Uint64(b[16:]),
 		RKey:     le.Uint32(b[24:]),
 		LBASize:  le.Uint32(b[28:]),
-		Magic:    le.Uint64(b[32:]),
+	}
+	if d.Format == RegionDescriptorFormat2 {
+		d.TableAddress, d.Frames, d.Buckets = le.Uint64(b[32:]), le.Uint32(b[40:]), le.Uint32(b[44:])
+		d.Seed, d.FrameSize = le.Uint64(b[48:]), le.Uint32(b[56:])
+	} else {
+		d.Magic = le.Uint64(b[32:])
 	}
 	if err := d.check(); err != nil {
 		return RegionDescriptor{}, fmt.Errorf("nvme: region descriptor: %w", err)
@@ -198,22 +240,24 @@ func (d *RegionDescriptor) BlockAddress(lba uint64) (uint64, bool) {
 }
 
 // NPGetRegionDescriptorCommand asks for the region descriptor of namespace
-// nsid (format 1, CDW10 bits 7:0); sgl describes a RegionDescriptorSize
-// buffer.
+// nsid; sgl describes a RegionDescriptorSize buffer. CDW10 bits 7:0 hold
+// the highest format the host reads: 2, both formats of this package. A
+// controller answers in a format no higher.
 func NPGetRegionDescriptorCommand(nsid uint32, sgl SGLDescriptor) Command {
-	return Command{Opcode: AdminNPGetRegionDescriptor, Flags: FlagsSGL, NSID: nsid, DPTR: sgl, CDW10: RegionDescriptorFormat1}
+	return Command{Opcode: AdminNPGetRegionDescriptor, Flags: FlagsSGL, NSID: nsid, DPTR: sgl, CDW10: RegionDescriptorFormat2}
 }
 
-// RegionDescriptorFormat is the format NP Get Region Descriptor asks for.
+// RegionDescriptorFormat is the highest format NP Get Region Descriptor
+// asks for.
 func (c *Command) RegionDescriptorFormat() uint8 { return uint8(c.CDW10) }
 
 // CheckNPGetRegionDescriptor validates NP Get Region Descriptor on the
-// controller side: a format other than 1 is Invalid Field in Command, an
-// SGL length other than RegionDescriptorSize is Data SGL Length Invalid
-// (both DNR). Whether the namespace exists and is exported stays with the
-// caller.
+// controller side: a format other than 1 or 2 is Invalid Field in Command,
+// an SGL length other than RegionDescriptorSize is Data SGL Length Invalid
+// (both DNR). Whether the namespace exists and is exported, and in which
+// format, stays with the caller.
 func (c *Command) CheckNPGetRegionDescriptor() error {
-	if f := c.RegionDescriptorFormat(); f != RegionDescriptorFormat1 {
+	if f := c.RegionDescriptorFormat(); f != RegionDescriptorFormat1 && f != RegionDescriptorFormat2 {
 		return Errorf(StatusInvalidField.WithDNR(), "region descriptor format %d not supported", f)
 	}
 	return c.CheckTransfer(RegionDescriptorSize, 0)

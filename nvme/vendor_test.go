@@ -97,18 +97,21 @@ func TestRegionDescriptorRejects(t *testing.T) {
 func TestNPCommands(t *testing.T) {
 	sgl, _ := KeyedSGL(0x1000, RegionDescriptorSize, 3)
 	g := NPGetRegionDescriptorCommand(7, sgl)
-	if g.Opcode != 0xc2 || g.Opcode.Direction() != ControllerToHost || g.NSID != 7 || g.RegionDescriptorFormat() != 1 {
+	if g.Opcode != 0xc2 || g.Opcode.Direction() != ControllerToHost || g.NSID != 7 || g.RegionDescriptorFormat() != RegionDescriptorFormat2 {
 		t.Fatalf("get region descriptor %+v", g)
 	}
 	if g.Name(true) != "np-get-region-descriptor" {
 		t.Errorf("name %q", g.Name(true))
 	}
-	if err := g.CheckNPGetRegionDescriptor(); err != nil {
-		t.Error(err)
+	for _, f := range []uint32{1, 2} {
+		g.CDW10 = f
+		if err := g.CheckNPGetRegionDescriptor(); err != nil {
+			t.Errorf("format %d: %v", f, err)
+		}
 	}
-	g.CDW10 = 2
+	g.CDW10 = 3
 	if err := g.CheckNPGetRegionDescriptor(); StatusOf(err) != StatusInvalidField.WithDNR() {
-		t.Errorf("format 2: %v", err)
+		t.Errorf("format 3: %v", err)
 	}
 	g.CDW10 = 1
 	g.DPTR, _ = KeyedSGL(0x1000, 4096, 3)

@@ -8,8 +8,12 @@ set -euo pipefail
 # initramfs, xz to unpack the kernel's modules, and the tools guest scripts
 # run from this machine's root: nvme-cli, RDMA (Soft-RoCE) userspace, curl
 # (the NVMe/TCP guest test reads the target's metrics with it).
+# nprdma/verbs compiles against the rdma-core headers (libibverbs-dev,
+# librdmacm-dev) and loads libibverbs/librdmacm and the device drivers
+# (ibverbs-providers) at run time.
 packages=(fio nbdkit libnbd-bin fuse3 e2fsprogs util-linux mount procps iproute2
-	qemu-system-x86 busybox-static xz-utils nvme-cli rdma-core ibverbs-utils ibverbs-providers perftest curl)
+	qemu-system-x86 busybox-static xz-utils nvme-cli rdma-core ibverbs-utils ibverbs-providers perftest curl
+	libibverbs-dev librdmacm-dev librdmacm1)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

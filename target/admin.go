@@ -412,6 +412,27 @@ func (c *controller) regionDescriptor(r Request) result {
 		return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(),
 			"namespace %d is served two-sided only: it does not fit in the pinned memory of the baseline mode", n.nsid)}
 	}
+	if n.mirror != nil {
+		if cmd.RegionDescriptorFormat() < nvme.RegionDescriptorFormat2 {
+			return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(),
+				"namespace %d is read one-sided through frames (format 2) only", n.nsid)}
+		}
+		d := n.mirror.descriptor(n.Size())
+		b, err := d.Marshal()
+		if err != nil {
+			return result{err: nvme.Errorf(nvme.StatusInternalError, "region descriptor: %w", err)}
+		}
+		if err := r.SetData(b); err != nil {
+			return result{err: err}
+		}
+		// This host reads frames: its Reads fill them.
+		c.frameReader.Store(true)
+		return result{}
+	}
+	if !n.Pinned() && !c.t.dev.Caps().UnpinnedRegions {
+		return result{err: nvme.Errorf(nvme.StatusInvalidField.WithDNR(),
+			"namespace %d is served two-sided only on device %s", n.nsid, c.t.dev.Name())}
+	}
 	mr, err := c.regionMR(n)
 	if err != nil {
 		if n.removed.Load() {

@@ -310,7 +310,7 @@ func TestAdminCommands(t *testing.T) {
 	_, err = q.Submit(context.Background(), nvme.NPGetRegionDescriptorCommand(9, nvme.NullSGL()), desc)
 	wantStatus(t, err, nvme.StatusInvalidNamespaceOrFormat)
 	bad := nvme.NPGetRegionDescriptorCommand(3, nvme.NullSGL())
-	bad.CDW10 = 2
+	bad.CDW10 = 3 // a format nobody knows
 	_, err = q.Submit(context.Background(), bad, desc)
 	wantStatus(t, err, nvme.StatusInvalidField)
 

@@ -235,6 +235,9 @@ type controller struct {
 	token     uint64 // names it for its host (nvme.NPControllerRef); never 0
 	adminConn *queueConn
 	port      *port // the port of its admin queue: its I/O queues use the same transport
+	// frameReader: the host read a namespace's frame table, so its Reads
+	// fill the frames (frames.go).
+	frameReader atomic.Bool
 
 	mu       sync.Mutex
 	cc       nvme.CC

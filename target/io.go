@@ -71,7 +71,11 @@ func (c *controller) io(w *worker, r Request, inline bool) result {
 			return result{wait: !tr.TryReadAt(buf, int64(b.SLBA)*BlockSize)}
 		}
 		report := faultReport(n.region, int(b.SLBA), int(b.Blocks()))
-		if _, err := n.store.ReadAt(buf, int64(b.SLBA)*BlockSize); err != nil {
+		read := n.store.ReadAt
+		if ms, ok := n.store.(*mirroredStore); ok && c.frameReader.Load() {
+			read = ms.readInstalling
+		}
+		if _, err := read(buf, int64(b.SLBA)*BlockSize); err != nil {
 			return result{err: c.mediaError(n, "read", err, nvme.StatusUnrecoveredReadError)}
 		}
 		return result{dw0: report}

@@ -101,7 +101,8 @@ func newMetrics(reg prometheus.Registerer, t *Target) (*metrics, error) {
 		return float64(t.meta.writeErrors.Load())
 	})
 	for _, c := range []prometheus.Collector{m.commands, m.latency, m.inline, m.handedOff, m.controllers, m.connections, m.refused, m.kaExpired,
-		m.replaced, m.auths, m.held, m.heldTimeouts, m.fenceDropped, metaHealthy, metaErrors, nprdma.NewPrometheusCollector(t.dev, t.pool)} {
+		m.replaced, m.auths, m.held, m.heldTimeouts, m.fenceDropped, metaHealthy, metaErrors, nprdma.NewPrometheusCollector(t.dev, t.pool),
+		newFrameCollector(t)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

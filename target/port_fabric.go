@@ -53,7 +53,7 @@ func (t *Target) listenFabric(addr string) (*port, error) {
 		// socket's, scheme included.
 		e.TRTYPE, e.ADRFAM = nvme.TransportLoop, nvme.AddressIntraHost
 		host, svc = ln.Addr(), ""
-	case t.cfg.provider.Name() == "loop":
+	case t.dev.Provider() != nil && t.dev.Provider().Name() == "loop":
 		e.TRTYPE, e.ADRFAM = nvme.TransportLoop, nvme.AddressIntraHost
 	}
 	e.TREQ, e.CNTLID, e.ASQSZ = nvme.TREQSecureChannelNotRequired, nvme.DynamicControllerID, fabric.DefaultAdminQueueEntries

@@ -338,6 +338,7 @@ type Namespace struct {
 	dev     blockdev.Device
 	store   store
 	region  *swap.Region // nil in the pinned baseline
+	mirror  *frameMirror // the frames hosts read one-sided, where frames are used
 	pinned  *pinnedStore // baseline: held in the pinned memory
 	direct  bool         // baseline: too large for the pinned memory, two-sided only
 	nguid   [16]byte
@@ -464,8 +465,16 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 	if t.cfg.sharesMemory() {
 		opts = append(opts, swap.WithShareable())
 	}
-	if cfg.Budget > 0 {
-		opts = append(opts, swap.WithBudget(cfg.Budget))
+	budget, frameMem := cfg.Budget, int64(0)
+	if t.usesFrames() {
+		if budget <= 0 {
+			budget = size / 4 // swap's default
+		}
+		frameMem = int64(float64(budget) * t.cfg.frameShare)
+		budget = max(budget-frameMem, 64*BlockSize)
+	}
+	if budget > 0 {
+		opts = append(opts, swap.WithBudget(budget))
 	}
 	if t.cfg.reg != nil {
 		obs, err := swap.NewPrometheusObserver(t.cfg.reg, prometheus.Labels{"subsystem": s.nqn, "nsid": strconv.FormatUint(uint64(nsid), 10)})
@@ -487,6 +496,16 @@ func (s *Subsystem) AddNamespace(cfg NamespaceConfig) (*Namespace, error) {
 		t.log.Warn("target: namespace region without userfaultfd", "subsystem", s.nqn, "nsid", nsid, "err", err)
 	}
 	n.region, n.store = region, region
+	if frameMem > 0 {
+		m, err := newFrameMirror(t.pd, frameMem, uint64(max(maxSize, size)/BlockSize))
+		if err != nil {
+			region.Close()
+			return fail(err)
+		}
+		n.mirror, n.store = m, &mirroredStore{store: region, m: m}
+		t.log.Info("target: frames registered", "subsystem", s.nqn, "nsid", nsid, "frames", m.frames,
+			"bytes", m.pinnedBytes(), "took", m.regTime, "namespace", size)
+	}
 	s.mu.Lock()
 	s.ns[nsid] = n
 	s.mu.Unlock()
@@ -581,6 +600,11 @@ func (n *Namespace) register(pd *nprdma.PD, tag uint64) (*nprdma.MR, error) {
 func (n *Namespace) close() error {
 	n.closeOnce.Do(func() {
 		err := n.store.Close()
+		if n.mirror != nil {
+			if merr := n.mirror.close(); err == nil {
+				err = merr
+			}
+		}
 		if cerr := n.dev.Close(); err == nil {
 			err = cerr
 		}

@@ -58,6 +58,9 @@ type Option func(*config)
 
 type config struct {
 	provider       nprdma.Provider
+	device         *nprdma.Device
+	frameMode      FrameMode
+	frameShare     float64
 	listen         []string
 	listenTCP      string
 	listenTCPDisc  string
@@ -82,8 +85,24 @@ type config struct {
 	manage         manageConfig // manage.go
 }
 
-// WithProvider sets the nprdma provider (default nprdma/tcp).
+// WithProvider sets the nprdma provider the target's software NIC runs on
+// (default nprdma/tcp).
 func WithProvider(p nprdma.Provider) Option { return func(c *config) { c.provider = p } }
+
+// WithDevice makes the target serve on dev (hardware: nprdma/verbs) instead
+// of a software NIC of its own (default: none, WithProvider's). The target
+// closes it when it is closed.
+func WithDevice(dev *nprdma.Device) Option { return func(c *config) { c.device = dev } }
+
+// WithFrames says when namespaces are read one-sided through frames
+// (frames.go; default FramesAuto: on devices that cannot read unpinned
+// memory).
+func WithFrames(m FrameMode) Option { return func(c *config) { c.frameMode = m } }
+
+// WithFrameShare sets the share of each namespace's DRAM budget held as
+// frames where frames are used, the rest staying the budget of its region
+// (default DefaultFrameShare).
+func WithFrameShare(f float64) Option { return func(c *config) { c.frameShare = f } }
 
 // WithListen sets the addresses hosts connect to over the nprdma fabric
 // (default DefaultListen); Addr is the first. An address "unix:PATH"
@@ -234,6 +253,7 @@ func New(opts ...Option) (*Target, error) {
 		fenceTimeout:   DefaultFenceTimeout,
 		authTimeout:    DefaultAuthTimeout,
 		metaProbe:      DefaultMetadataProbeInterval,
+		frameShare:     DefaultFrameShare,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -245,6 +265,9 @@ func New(opts ...Option) (*Target, error) {
 		return nil, fmt.Errorf("target: no listen address")
 	}
 	if cfg.sharesMemory() {
+		if cfg.device != nil {
+			return nil, fmt.Errorf("target: shared-memory listeners (%s) need the software NIC, not device %s", shm.Scheme, cfg.device.Name())
+		}
 		if _, ok := cfg.provider.(*shm.Provider); !ok {
 			cfg.provider = nprdma.NewSchemes(cfg.provider, map[string]nprdma.Provider{strings.TrimSuffix(shm.Scheme, ":"): shm.New()})
 		}
@@ -264,13 +287,19 @@ func New(opts ...Option) (*Target, error) {
 	if cfg.pinnedBudget < 0 {
 		return nil, fmt.Errorf("target: pinned budget %d is negative", cfg.pinnedBudget)
 	}
+	if cfg.frameShare <= 0 || cfg.frameShare >= 1 {
+		return nil, fmt.Errorf("target: frame share %g outside (0, 1)", cfg.frameShare)
+	}
 	t := &Target{cfg: cfg, log: cfg.log, subs: map[string]*Subsystem{}, ctrls: map[uint16]*controller{},
 		queues: map[*queueConn]struct{}{}, nextCNTL: 1}
 	t.instance.BootID = newBootID()
 	// The namespace regions are registered unpinned; only the baseline
 	// mode pins (its namespaces and the data pool).
 	pinned := cfg.pinnedBudget > 0
-	t.dev = nprdma.NewDevice(cfg.provider, nprdma.WithName("target"), nprdma.WithPinning(pinned))
+	t.dev = cfg.device
+	if t.dev == nil {
+		t.dev = nprdma.NewDevice(cfg.provider, nprdma.WithName("target"), nprdma.WithPinning(pinned))
+	}
 	t.pd = t.dev.AllocPD()
 	fail := func(err error) (*Target, error) {
 		t.closeMetaUnserved()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/internal/logtest"
 	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/nprdma/verbs"
 	"github.com/nprdma/nprdma/target"
 	"github.com/urfave/cli/v2"
 )
@@ -60,6 +62,31 @@ func TestUnknownCommandIsAUsageError(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut.String(), `unknown command "atach"`) || !strings.Contains(errOut.String(), "attach") {
 		t.Fatalf("exit %d, said %q", code, errOut.String())
 	}
+}
+
+// TestProviderVerbsSaysWhatIsMissing: on a machine without rdma-core or an
+// RDMA device, --provider verbs fails before it dials and names what is
+// missing.
+func TestProviderVerbsSaysWhatIsMissing(t *testing.T) {
+	if _, err := verbs.Devices(); err == nil {
+		t.Skip("this machine has an RDMA device")
+	}
+	a := newApp()
+	a.Writer = io.Discard
+	err := a.Run([]string{"nprdma-initiator", "--provider", "verbs", "discover", "--target", "127.0.0.1:1"})
+	if err == nil {
+		t.Fatal("discover over --provider verbs without RDMA succeeded")
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "--provider verbs") || !errors.Is(err, verbs.ErrUnavailable) {
+		t.Fatalf("--provider verbs without RDMA: %v", err)
+	}
+	for _, what := range []string{"no RDMA device", "libibverbs", "librdmacm", "without verbs support"} {
+		if strings.Contains(msg, what) {
+			return
+		}
+	}
+	t.Fatalf("the error names nothing missing: %v", err)
 }
 
 const subA, subB = "nqn.2024-01.io.nprdma:a", "nqn.2024-01.io.nprdma:b"

@@ -13,26 +13,29 @@ import (
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/nprdma/verbs"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/urfave/cli/v2"
 )
 
 // The provider a command reaches the target with over the nprdma fabric
-// (--transport nprdma, --provider): tcp, shm, loop, or auto, which is shm
-// for an address "unix:PATH" and tcp for the rest. attach goes further
+// (--transport nprdma, --provider): tcp, shm, verbs (an RDMA NIC), loop,
+// or auto, which is shm for an address "unix:PATH" and tcp for the rest. attach goes further
 // with auto: for a target on this host that advertises a shared-memory
 // listener for the subsystem in its discovery log, it attaches over shm
 // (see chooseTransport). NVMe/TCP (--transport tcp) has no provider.
 const (
-	providerAuto = "auto"
-	providerTCP  = "tcp"
-	providerSHM  = "shm"
-	providerLoop = "loop"
+	providerAuto  = "auto"
+	providerTCP   = "tcp"
+	providerSHM   = "shm"
+	providerVerbs = "verbs"
+	providerLoop  = "loop"
 )
 
 func providerFlag() cli.Flag {
 	return &cli.StringFlag{Name: "provider", Value: providerAuto, Usage: "nprdma provider, only with --transport nprdma: auto (attach: shm when the target is on this host and offers it, else tcp; " +
-		"other commands: shm for unix:PATH addresses, else tcp), tcp (software RDMA over TCP), shm (shared memory, same host) or loop (in-process; for tests only)"}
+		"other commands: shm for unix:PATH addresses, else tcp), tcp (software RDMA over TCP), shm (shared memory, same host), verbs (an RDMA NIC through rdma-core: " +
+		"ConnectX, Soft-RoCE; the target by an IP address of the fabric, e.g. 192.168.1.5:4420; also reaches stock NVMe/RDMA targets such as Linux's nvmet-rdma) or loop (in-process; for tests only)"}
 }
 
 // providerFor is the provider name means for addr: auto is shm for an
@@ -57,12 +60,20 @@ func newProvider(name, addr string) (nprdma.Provider, error) {
 	case providerLoop:
 		return loop.New(), nil
 	}
-	return nil, fmt.Errorf("--provider %q: want auto, tcp, shm or loop", name)
+	return nil, fmt.Errorf("--provider %q: want auto, tcp, shm, verbs or loop", name)
 }
 
-// newDevice opens the initiator's device on the provider --provider names
-// for addr.
+// newDevice opens the initiator's device: the RDMA NIC --rdma-device names
+// with --provider verbs, else a software NIC on the provider --provider
+// names for addr.
 func newDevice(cc *cli.Context, addr string) (*nprdma.Device, error) {
+	if cc.String("provider") == providerVerbs {
+		dev, err := verbs.OpenDevice(cc.String("rdma-device"), nprdma.WithName("initiator"))
+		if err != nil {
+			return nil, fmt.Errorf("--provider verbs: %w", err)
+		}
+		return dev, nil
+	}
 	p, err := newProvider(cc.String("provider"), addr)
 	if err != nil {
 		return nil, err

@@ -22,6 +22,7 @@ import (
 	"github.com/nprdma/nprdma/internal/banner"
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/nprdma/verbs"
 	"github.com/nprdma/nprdma/target"
 )
 
@@ -404,6 +405,28 @@ func TestBadFlagsNameTheirFlag(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "data", "default.img")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a refused --default-size left a default backing file: %v", err)
 	}
+}
+
+// TestProviderVerbsSaysWhatIsMissing: on a machine without rdma-core or an
+// RDMA device, --provider verbs refuses to start and names what is missing.
+func TestProviderVerbsSaysWhatIsMissing(t *testing.T) {
+	if _, err := verbs.Devices(); err == nil {
+		t.Skip("this machine has an RDMA device")
+	}
+	dir := t.TempDir()
+	out := runTargetFails(t, "--provider", "verbs", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--log-level", "warn")
+	if !strings.Contains(out, "--provider verbs") || !containsAny(out, "no RDMA device", "libibverbs", "librdmacm", "without verbs support") {
+		t.Fatalf("--provider verbs without RDMA said:\n%s", out)
+	}
+}
+
+func containsAny(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestSecondSignalDuringFlushIsIgnored: a second SIGINT or SIGTERM arriving

@@ -20,10 +20,10 @@ import (
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/internal/banner"
-	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
+	"github.com/nprdma/nprdma/nprdma/verbs"
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -63,7 +63,11 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	prov, err := newProvider(cc.String("provider"))
+	fabricOpt, err := newFabric(cc.String("provider"), cc.String("rdma-device"))
+	if err != nil {
+		return err
+	}
+	frames, err := frameMode(cc.String("frames"))
 	if err != nil {
 		return err
 	}
@@ -140,7 +144,8 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	opts := []target.Option{target.WithProvider(prov), target.WithListen(cc.StringSlice("listen")...),
+	opts := []target.Option{fabricOpt, target.WithListen(cc.StringSlice("listen")...),
+		target.WithFrames(frames), target.WithFrameShare(cc.Float64("frame-share")),
 		target.WithListenNVMeTCP(cc.String("listen-nvme-tcp")),
 		target.WithListenNVMeTCPDiscovery(cc.String("listen-nvme-tcp-discovery")),
 		target.WithDataDir(filepath.Join(dataDir, "meta")), target.WithLogger(log),
@@ -298,10 +303,13 @@ func serve(cc *cli.Context) error {
 			"health", "http://"+ln.Addr().String()+"/healthz", "ready", "http://"+ln.Addr().String()+"/readyz")
 	}
 	mode := "unpinned (NP-RDMA)"
+	if tg.UsesFrames() {
+		mode = fmt.Sprintf("frames (%.0f%% of each namespace's budget pinned at start)", 100*cc.Float64("frame-share"))
+	}
 	if cc.Bool("pin") {
 		mode = "PINNED baseline (" + sizes.Format(memory) + " pinned at start)"
 	}
-	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), providerSummary(prov.Name(), tg.Addrs()), tg.Addr(), mode, tg.PreviousRun().String()))
+	fmt.Fprint(os.Stderr, banner.Lines(strings.Join(summary, "; "), providerSummary(cc.String("provider"), tg.Addrs()), tg.Addr(), mode, tg.PreviousRun().String()))
 	if a := tg.NVMeTCPAddr(); a != "" {
 		fmt.Fprint(os.Stderr, banner.NVMeTCPLine(a, tg.NVMeTCPDiscoveryAddr()))
 	}
@@ -505,12 +513,33 @@ func providerSummary(name string, addrs []string) string {
 	return name + " (" + strings.Join(others, ", ") + ")"
 }
 
-func newProvider(name string) (nprdma.Provider, error) {
+// frameMode is the target.FrameMode --frames names.
+func frameMode(name string) (target.FrameMode, error) {
+	switch name {
+	case "auto":
+		return target.FramesAuto, nil
+	case "always":
+		return target.FramesAlways, nil
+	case "never":
+		return target.FramesNever, nil
+	}
+	return 0, fmt.Errorf("--frames %q: want auto, always or never", name)
+}
+
+// newFabric is the target option --provider selects: a software NIC on
+// a provider, or an RDMA NIC (verbs).
+func newFabric(name, device string) (target.Option, error) {
 	switch name {
 	case "tcp":
-		return tcp.New(), nil
+		return target.WithProvider(tcp.New()), nil
 	case "loop":
-		return loop.New(), nil
+		return target.WithProvider(loop.New()), nil
+	case "verbs":
+		dev, err := verbs.OpenDevice(device)
+		if err != nil {
+			return nil, fmt.Errorf("--provider verbs: %w", err)
+		}
+		return target.WithDevice(dev), nil
 	}
-	return nil, fmt.Errorf("--provider %q: want tcp or loop", name)
+	return nil, fmt.Errorf("--provider %q: want tcp, verbs or loop", name)
 }

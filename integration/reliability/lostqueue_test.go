@@ -16,6 +16,7 @@ import (
 	"github.com/nprdma/nprdma/internal/logtest"
 	"github.com/nprdma/nprdma/internal/promtest"
 	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 	"github.com/nprdma/nprdma/nvme"
@@ -36,10 +37,10 @@ type cutter struct {
 	nprdma.Provider
 	silent bool
 	mu     sync.Mutex
-	links  []nprdma.Link
+	links  []link.Link
 }
 
-func (c *cutter) Dial(ctx context.Context, addr string, hello nprdma.Hello) (nprdma.Link, nprdma.Hello, error) {
+func (c *cutter) Dial(ctx context.Context, addr string, hello link.Hello) (link.Link, link.Hello, error) {
 	l, h, err := c.Provider.Dial(ctx, addr, hello)
 	if err != nil {
 		return nil, h, err
@@ -84,20 +85,20 @@ func (c *cutter) close() {
 }
 
 type silentLink struct {
-	nprdma.Link
+	link.Link
 	silent atomic.Bool
 	mu     sync.Mutex // orders deliveries and silence
-	rx     nprdma.Receiver
+	rx     link.Receiver
 }
 
-func (l *silentLink) Start(r nprdma.Receiver) {
+func (l *silentLink) Start(r link.Receiver) {
 	l.mu.Lock()
 	l.rx = r
 	l.mu.Unlock()
 	l.Link.Start(silentReceiver{l})
 }
 
-func (l *silentLink) Send(pkts []nprdma.Packet) {
+func (l *silentLink) Send(pkts []link.Packet) {
 	if !l.silent.Load() {
 		l.Link.Send(pkts)
 		return
@@ -138,7 +139,7 @@ func (l *silentLink) silence() {
 
 type silentReceiver struct{ l *silentLink }
 
-func (r silentReceiver) Deliver(h *nprdma.Header, p nprdma.Payload) error {
+func (r silentReceiver) Deliver(h *link.Header, p link.Payload) error {
 	r.l.mu.Lock()
 	defer r.l.mu.Unlock()
 	if r.l.silent.Load() {

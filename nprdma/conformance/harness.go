@@ -14,12 +14,17 @@ import (
 	"github.com/nprdma/nprdma/nprdma"
 )
 
-// Harness describes the provider under test.
+// Harness describes the device under test: the software NIC on a provider
+// (NewProvider), or any other device (NewDevice: hardware).
 type Harness struct {
 	// NewProvider returns a provider for one side of a connection (one per
 	// process in a real deployment). Providers from one harness must reach
 	// each other.
 	NewProvider func(t *testing.T) nprdma.Provider
+	// NewDevice, when set, opens the device of one side instead (the suite
+	// closes it). What it cannot do (Device.Caps) is skipped or checked in
+	// the form it takes there.
+	NewDevice func(t *testing.T) *nprdma.Device
 	// ListenAddr is what servers pass to Device.Listen.
 	ListenAddr string
 	// CQOptions apply to every completion queue the suite creates (a run
@@ -55,6 +60,10 @@ type side struct {
 	rcq  *nprdma.CQ
 	qp   *nprdma.QP
 	cqs  []nprdma.CQOption
+	// bufs are the regions' memory, freed once the side's queue pairs are
+	// closed: a READ response the link has yet to send may still refer to
+	// a region deregistered before.
+	bufs [][]byte
 }
 
 type pairConfig struct {
@@ -66,10 +75,70 @@ type pairConfig struct {
 
 func newSide(t *testing.T, h Harness) *side {
 	t.Helper()
-	p := h.NewProvider(t)
-	dev := nprdma.NewDevice(p, nprdma.WithPinning(false))
+	var p nprdma.Provider
+	var dev *nprdma.Device
+	if h.NewDevice != nil {
+		dev = h.NewDevice(t)
+	} else {
+		p = h.NewProvider(t)
+		dev = nprdma.NewDevice(p, nprdma.WithPinning(false))
+	}
 	t.Cleanup(func() { dev.Close() })
-	return &side{prov: p, dev: dev, pd: dev.AllocPD(), cqs: h.CQOptions}
+	s := &side{prov: p, dev: dev, pd: dev.AllocPD(), cqs: h.CQOptions}
+	t.Cleanup(func() { // after the queue pairs' (made later), before the device's
+		for _, b := range s.bufs {
+			nprdma.FreeBuffer(b)
+		}
+	})
+	return s
+}
+
+// caps is what the harness's devices offer.
+func caps(t *testing.T, h Harness) nprdma.Caps {
+	t.Helper()
+	return newSide(t, h).dev.Caps()
+}
+
+// require skips t on a device without what it tests.
+func require(t *testing.T, have bool, what string) {
+	t.Helper()
+	if !have {
+		t.Skipf("the device has no %s", what)
+	}
+}
+
+// samePrivateData checks private data received through a connection
+// manager that may pad it with zeros (Caps.PadsPrivateData).
+func samePrivateData(t *testing.T, what string, got, want []byte) {
+	t.Helper()
+	if !bytes.HasPrefix(got, want) || bytes.Count(got[len(want):], []byte{0}) != len(got)-len(want) {
+		t.Fatalf("%s: private data %q, want %q (padded with zeros at most)", what, got, want)
+	}
+}
+
+// expectPeerErr waits for qp, whose peer failed, to fail with want, or
+// with ErrPeerDisconnected on a device that learns no causes from its peer
+// (Caps.PeerErrorCauses).
+func expectPeerErr(t *testing.T, qp *nprdma.QP, want error) {
+	t.Helper()
+	waitDone(t, qp)
+	err := qp.Err()
+	if errors.Is(err, want) || (!qp.PD().Device().Caps().PeerErrorCauses && errors.Is(err, nprdma.ErrPeerDisconnected)) {
+		return
+	}
+	t.Fatalf("qp %d error %v, want %v", qp.Num(), err, want)
+}
+
+// sawRNR waits for the responder to refuse a SEND for lack of a receive;
+// on a device that does not count that (Caps.ResponderStats) it gives the
+// request time to meet the empty queue.
+func sawRNR(t *testing.T, srv *side) {
+	t.Helper()
+	if !srv.dev.Caps().ResponderStats {
+		time.Sleep(50 * time.Millisecond)
+		return
+	}
+	eventually(t, "an RNR NAK", func() bool { return srv.dev.Stats().RNRNaksSent > 0 })
 }
 
 func (s *side) newQP(t *testing.T, cfg nprdma.QPConfig, cqDepth int) {
@@ -122,15 +191,20 @@ func connect(t *testing.T, h Harness, pc pairConfig) (cli, srv *side) {
 	return cli, srv
 }
 
-// region registers n bytes of random content.
+// region registers n bytes of random content, off the Go heap.
 func (s *side) region(t *testing.T, n int, access nprdma.Access) (*nprdma.MR, []byte) {
 	t.Helper()
-	buf := make([]byte, n)
+	buf, err := nprdma.AllocBuffer(n)
+	if err != nil {
+		t.Fatal(err)
+	}
 	rand.Read(buf)
 	mr, err := s.pd.Register(buf, access)
 	if err != nil {
+		nprdma.FreeBuffer(buf)
 		t.Fatalf("register %d bytes: %v", n, err)
 	}
+	s.bufs = append(s.bufs, buf)
 	t.Cleanup(func() { mr.Deregister() })
 	return mr, buf
 }
@@ -228,6 +302,9 @@ func postRecv(t *testing.T, qp *nprdma.QP, wrs ...nprdma.RecvWR) {
 
 func injector(t *testing.T, p nprdma.Provider) FaultInjector {
 	t.Helper()
+	if p == nil {
+		t.Skip("the device has no provider to inject faults through")
+	}
 	fi, ok := p.(FaultInjector)
 	if !ok {
 		t.Skipf("provider %s cannot inject faults", p.Name())

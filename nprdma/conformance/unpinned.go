@@ -9,6 +9,7 @@ import (
 )
 
 func testUnpinned(t *testing.T, h Harness) {
+	require(t, caps(t, h).UnpinnedRegions, "unpinned regions")
 	const pages, ps = 112, 4096
 	cli, srv := connect(t, h, pairConfig{})
 	pg, err := nprdmatest.NewPager(pages, ps)
@@ -201,6 +202,7 @@ func testUnpinned(t *testing.T, h Harness) {
 // responder's and the requester's together) are the same. A deregistered
 // region is refused either way.
 func testUnpinnedShared(t *testing.T, h Harness) {
+	require(t, caps(t, h).UnpinnedRegions, "unpinned regions")
 	const pages, ps = 48, 4096
 	cli, srv := connect(t, h, pairConfig{})
 	pg, err := nprdmatest.NewSharedPager(pages, ps)

@@ -4,7 +4,7 @@ import (
 	"io"
 	"sync"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // endpoint is one side of a loop link. Packets sent on it are appended to
@@ -24,17 +24,17 @@ type endpoint struct {
 	// deliverMu is held while a packet is delivered, so that the peer's end
 	// can wait until no delivery still reads the peer's memory.
 	deliverMu sync.Mutex
-	rx        nprdma.Receiver
+	rx        link.Receiver
 	startOnce sync.Once
 	pl        payload
 }
 
 type item struct {
-	h    nprdma.Header
+	h    link.Header
 	data [][]byte  // a payload of several segments
 	one  [1][]byte // a payload of one segment
-	src  nprdma.PayloadSource
-	buf  nprdma.Releaser
+	src  link.PayloadSource
+	buf  link.Releaser
 }
 
 func newPair(a, b *Provider) (*endpoint, *endpoint) {
@@ -60,17 +60,17 @@ func (e *endpoint) signal() {
 	}
 }
 
-// Start implements nprdma.Link.
-func (e *endpoint) Start(r nprdma.Receiver) {
+// Start implements link.Link.
+func (e *endpoint) Start(r link.Receiver) {
 	e.startOnce.Do(func() {
 		e.rx = r
 		go e.run()
 	})
 }
 
-// Send implements nprdma.Link: the packets go straight into the peer's
+// Send implements link.Link: the packets go straight into the peer's
 // inbox.
-func (e *endpoint) Send(pkts []nprdma.Packet) {
+func (e *endpoint) Send(pkts []link.Packet) {
 	p := e.peer
 	p.mu.Lock()
 	if p.eof || p.broken != nil {
@@ -97,14 +97,14 @@ func (e *endpoint) Send(pkts []nprdma.Packet) {
 	p.signal()
 }
 
-// Flush implements nprdma.Link; Send already delivered.
+// Flush implements link.Link; Send already delivered.
 func (e *endpoint) Flush() {}
 
-// CopiesAtDelivery implements nprdma.DeliveryCopier: the receiver copies
+// CopiesAtDelivery implements link.DeliveryCopier: the receiver copies
 // payloads out of the sender's memory when it consumes them.
 func (e *endpoint) CopiesAtDelivery() {}
 
-// Close implements nprdma.Link: the peer delivers what it has, then sees the
+// Close implements link.Link: the peer delivers what it has, then sees the
 // end of the stream.
 func (e *endpoint) Close() {
 	p := e.peer
@@ -114,7 +114,7 @@ func (e *endpoint) Close() {
 	p.signal()
 }
 
-// Abort implements nprdma.Link.
+// Abort implements link.Link.
 func (e *endpoint) Abort() {
 	started := true
 	e.startOnce.Do(func() { started = false }) // never started: never will be
@@ -251,12 +251,12 @@ func (e *endpoint) finish(err error) {
 }
 
 // payload reads a packet's payload out of the sender's gather list, or
-// from its source (nprdma.PayloadSource), which copies at this moment.
+// from its source (link.PayloadSource), which copies at this moment.
 type payload struct {
 	data    [][]byte
 	i       int
 	off     int
-	src     nprdma.PayloadSource
+	src     link.PayloadSource
 	srcLeft int
 }
 

@@ -15,7 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // Fabric is an in-process network: a namespace of listener names. Providers
@@ -41,7 +41,7 @@ type Provider struct {
 	listeners map[*listener]struct{}
 	crashed   bool
 
-	gate nprdma.FreezeGate // Freeze and Thaw; synchronised on its own
+	gate link.FreezeGate // Freeze and Thaw; synchronised on its own
 }
 
 // Option configures a Provider.
@@ -69,7 +69,7 @@ func New(opts ...Option) *Provider {
 	return p
 }
 
-// Name implements nprdma.Provider.
+// Name implements link.Provider.
 func (p *Provider) Name() string { return "loop" }
 
 var (
@@ -80,8 +80,8 @@ var (
 	errLisClosed = errors.New("loop: listener closed")
 )
 
-// Listen implements nprdma.Provider. An empty addr picks a fresh name.
-func (p *Provider) Listen(addr string) (nprdma.LinkListener, error) {
+// Listen implements link.Provider. An empty addr picks a fresh name.
+func (p *Provider) Listen(addr string) (link.Listener, error) {
 	p.mu.Lock()
 	crashed := p.crashed
 	p.mu.Unlock()
@@ -112,22 +112,22 @@ func (p *Provider) Listen(addr string) (nprdma.LinkListener, error) {
 	return l, nil
 }
 
-// Dial implements nprdma.Provider.
-func (p *Provider) Dial(ctx context.Context, addr string, hello nprdma.Hello) (nprdma.Link, nprdma.Hello, error) {
+// Dial implements link.Provider.
+func (p *Provider) Dial(ctx context.Context, addr string, hello link.Hello) (link.Link, link.Hello, error) {
 	p.mu.Lock()
 	crashed := p.crashed
 	p.mu.Unlock()
 	if crashed {
-		return nil, nprdma.Hello{}, errCrashed
+		return nil, link.Hello{}, errCrashed
 	}
 	p.fabric.mu.Lock()
 	l := p.fabric.listeners[addr]
 	p.fabric.mu.Unlock()
 	if l == nil {
-		return nil, nprdma.Hello{}, fmt.Errorf("loop: dial %q: %w (no listener)", addr, errNoListen)
+		return nil, link.Hello{}, fmt.Errorf("loop: dial %q: %w (no listener)", addr, errNoListen)
 	}
 	req := &request{
-		hello:    nprdma.Hello{QPNum: hello.QPNum, PrivateData: append([]byte(nil), hello.PrivateData...)},
+		hello:    link.Hello{QPNum: hello.QPNum, PrivateData: append([]byte(nil), hello.PrivateData...)},
 		from:     "loop:" + strconv.FormatUint(p.id, 10),
 		dialer:   p,
 		answer:   make(chan answer, 1),
@@ -136,9 +136,9 @@ func (p *Provider) Dial(ctx context.Context, addr string, hello nprdma.Hello) (n
 	select {
 	case l.reqs <- req:
 	case <-l.closed:
-		return nil, nprdma.Hello{}, fmt.Errorf("loop: dial %q: %w", addr, errNoListen)
+		return nil, link.Hello{}, fmt.Errorf("loop: dial %q: %w", addr, errNoListen)
 	case <-ctx.Done():
-		return nil, nprdma.Hello{}, fmt.Errorf("loop: dial %q: %w", addr, ctx.Err())
+		return nil, link.Hello{}, fmt.Errorf("loop: dial %q: %w", addr, ctx.Err())
 	}
 	select {
 	case a := <-req.answer:
@@ -154,7 +154,7 @@ func (p *Provider) Dial(ctx context.Context, addr string, hello nprdma.Hello) (n
 			}
 		default:
 		}
-		return nil, nprdma.Hello{}, fmt.Errorf("loop: dial %q: %w", addr, ctx.Err())
+		return nil, link.Hello{}, fmt.Errorf("loop: dial %q: %w", addr, ctx.Err())
 	}
 }
 
@@ -189,7 +189,7 @@ type listener struct {
 	closeOnce sync.Once
 }
 
-func (l *listener) Accept(ctx context.Context) (nprdma.LinkRequest, error) {
+func (l *listener) Accept(ctx context.Context) (link.Request, error) {
 	select {
 	case r := <-l.reqs:
 		return r, nil
@@ -227,7 +227,7 @@ func (l *listener) Close() error {
 }
 
 type request struct {
-	hello     nprdma.Hello
+	hello     link.Hello
 	from      string
 	dialer    *Provider
 	answer    chan answer
@@ -239,17 +239,17 @@ type request struct {
 
 type answer struct {
 	ep       *endpoint
-	hello    nprdma.Hello
+	hello    link.Hello
 	rejected bool
 	err      error
 }
 
-func (a answer) result() (nprdma.Link, nprdma.Hello, error) {
+func (a answer) result() (link.Link, link.Hello, error) {
 	switch {
 	case a.err != nil:
-		return nil, nprdma.Hello{}, a.err
+		return nil, link.Hello{}, a.err
 	case a.rejected:
-		return nil, nprdma.Hello{}, &nprdma.RejectError{PrivateData: a.hello.PrivateData}
+		return nil, link.Hello{}, &link.RejectError{PrivateData: a.hello.PrivateData}
 	}
 	return a.ep, a.hello, nil
 }
@@ -265,12 +265,12 @@ func (r *request) answerWith(a answer) bool {
 	return true
 }
 
-func (r *request) Hello() nprdma.Hello { return r.hello }
-func (r *request) RemoteAddr() string  { return r.from }
+func (r *request) Hello() link.Hello  { return r.hello }
+func (r *request) RemoteAddr() string { return r.from }
 
-func (r *request) Accept(hello nprdma.Hello) (nprdma.Link, error) {
+func (r *request) Accept(hello link.Hello) (link.Link, error) {
 	srv, cli := newPair(r.listenerProvider(), r.dialer)
-	if !r.answerWith(answer{ep: cli, hello: nprdma.Hello{QPNum: hello.QPNum, PrivateData: append([]byte(nil), hello.PrivateData...)}}) {
+	if !r.answerWith(answer{ep: cli, hello: link.Hello{QPNum: hello.QPNum, PrivateData: append([]byte(nil), hello.PrivateData...)}}) {
 		srv.breakBoth(errAborted)
 		return nil, errors.New("loop: the peer gave up connecting")
 	}
@@ -278,7 +278,7 @@ func (r *request) Accept(hello nprdma.Hello) (nprdma.Link, error) {
 }
 
 func (r *request) Reject(privateData []byte) error {
-	r.answerWith(answer{rejected: true, hello: nprdma.Hello{PrivateData: append([]byte(nil), privateData...)}})
+	r.answerWith(answer{rejected: true, hello: link.Hello{PrivateData: append([]byte(nil), privateData...)}})
 	return nil
 }
 

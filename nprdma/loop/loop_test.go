@@ -6,13 +6,14 @@ import (
 
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/conformance"
+	"github.com/nprdma/nprdma/nprdma/link"
 	"github.com/nprdma/nprdma/nprdma/loop"
 )
 
 func TestConformance(t *testing.T) {
 	fabric := loop.NewFabric()
 	h := conformance.Harness{
-		NewProvider: func(t *testing.T) nprdma.Provider { return loop.New(loop.WithFabric(fabric)) },
+		NewProvider: func(t *testing.T) link.Provider { return loop.New(loop.WithFabric(fabric)) },
 	}
 	conformance.Run(t, h)
 	t.Run("BusyPoll", func(t *testing.T) {

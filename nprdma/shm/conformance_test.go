@@ -6,12 +6,13 @@ import (
 
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/conformance"
+	"github.com/nprdma/nprdma/nprdma/link"
 	"github.com/nprdma/nprdma/nprdma/shm"
 )
 
 func TestConformance(t *testing.T) {
 	h := conformance.Harness{
-		NewProvider:   func(t *testing.T) nprdma.Provider { return shm.New() },
+		NewProvider:   func(t *testing.T) link.Provider { return shm.New() },
 		SharesInPlace: true,
 	}
 	conformance.Run(t, h)
@@ -20,7 +21,7 @@ func TestConformance(t *testing.T) {
 		conformance.Run(t, h)
 	})
 	t.Run("Pread", func(t *testing.T) {
-		h.NewProvider = func(t *testing.T) nprdma.Provider { return shm.New(shm.WithInPlaceReads(shm.InPlacePread)) }
+		h.NewProvider = func(t *testing.T) link.Provider { return shm.New(shm.WithInPlaceReads(shm.InPlacePread)) }
 		conformance.Run(t, h)
 	})
 }

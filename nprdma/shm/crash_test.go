@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 	"github.com/nprdma/nprdma/nprdma/nprdmatest"
 )
 
@@ -283,7 +284,7 @@ func TestKilledTargetLeavesNothing(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the queue pair did not fail when the target was killed")
 	}
-	if err := qp.Err(); !errors.Is(err, nprdma.ErrPeerLost) {
+	if err := qp.Err(); !errors.Is(err, link.ErrPeerLost) {
 		t.Fatalf("queue pair error %v, want a lost peer", err)
 	}
 	waitHolding(t, before, func() int { return prov.Stats().Links })

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // Every decoder of bytes a peer writes has a fuzz target: packet headers
@@ -22,17 +23,17 @@ import (
 // real queue pair. Seeds: testdata/fuzz/<name>/ (NPRDMA_WRITE_SEEDS=1 go
 // test -run TestWriteSeedCorpus rewrites them) plus the f.Add ones.
 
-func sampleHeaders() []nprdma.Header {
-	return []nprdma.Header{
-		{Kind: nprdma.PacketSend, Seq: 1, Len: 64},
-		{Kind: nprdma.PacketSend, Seq: 2, Len: 8, HasImm: true, Imm: 7, HasAck: true, Ack: 3},
-		{Kind: nprdma.PacketWrite, Seq: 3, Len: 16, RKey: 9, Addr: 0x1000},
-		{Kind: nprdma.PacketReadRequest, Seq: 4, Len: 4096, RKey: 9, Addr: 0x2000, HasAck: true, Ack: 1},
-		{Kind: nprdma.PacketReadResponse, Seq: 4, Len: 100, Offset: 0},
-		{Kind: nprdma.PacketReadResponse, Seq: 4, Len: 3996, Offset: 100, Fill: true, Pattern: 0x1122334455667788, Last: true},
-		{Kind: nprdma.PacketAck, Seq: 5},
-		{Kind: nprdma.PacketNak, Seq: 6, Syndrome: nprdma.NakRemoteAccess},
-		{Kind: nprdma.PacketDisconnect},
+func sampleHeaders() []link.Header {
+	return []link.Header{
+		{Kind: link.PacketSend, Seq: 1, Len: 64},
+		{Kind: link.PacketSend, Seq: 2, Len: 8, HasImm: true, Imm: 7, HasAck: true, Ack: 3},
+		{Kind: link.PacketWrite, Seq: 3, Len: 16, RKey: 9, Addr: 0x1000},
+		{Kind: link.PacketReadRequest, Seq: 4, Len: 4096, RKey: 9, Addr: 0x2000, HasAck: true, Ack: 1},
+		{Kind: link.PacketReadResponse, Seq: 4, Len: 100, Offset: 0},
+		{Kind: link.PacketReadResponse, Seq: 4, Len: 3996, Offset: 100, Fill: true, Pattern: 0x1122334455667788, Last: true},
+		{Kind: link.PacketAck, Seq: 5},
+		{Kind: link.PacketNak, Seq: 6, Syndrome: link.NakRemoteAccess},
+		{Kind: link.PacketDisconnect},
 		{Kind: kindEnd},
 	}
 }
@@ -54,7 +55,7 @@ func FuzzPacketHeader(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var h nprdma.Header
+		var h link.Header
 		if _, err := decodeHeader(b, &h); err != nil {
 			return
 		}
@@ -63,7 +64,7 @@ func FuzzPacketHeader(f *testing.F) {
 		if !bytes.Equal(again, b[:packetHeaderLen]) {
 			t.Fatalf("decoded %+v, encodes as %x, not %x", h, again, b[:packetHeaderLen])
 		}
-		if h.PayloadLen() > nprdma.MaxMessageSize {
+		if h.PayloadLen() > link.MaxMessageSize {
 			t.Fatalf("payload of %d bytes accepted", h.PayloadLen())
 		}
 	})
@@ -77,7 +78,7 @@ type messageSeed struct {
 
 func messageSeeds() []messageSeed {
 	g := grantInfo{rkey: 5, addr: 0x7f0000000000, length: 1 << 30, pageSize: 4096, magic: 0xfeedface,
-		bits: nprdma.StateBits{Present: 1, Busy: 2, Zero: 16, VersionShift: 16}}
+		bits: link.StateBits{Present: 1, Busy: 2, Zero: 16, VersionShift: 16}}
 	return []messageSeed{
 		{encodeConnect(3, []byte("hello")), 0},
 		{encodeAccept(4, []byte("welcome"), DefaultRingSize), acceptFDs},
@@ -130,7 +131,7 @@ func FuzzSocketMessage(f *testing.F) {
 // would give to the work requests feedRing posts (seq 0 READ of 4096
 // bytes, seq 1 SEND, seq 2 WRITE).
 func streamSeeds() [][]byte {
-	enc := func(hs ...nprdma.Header) []byte {
+	enc := func(hs ...link.Header) []byte {
 		var b []byte
 		for _, h := range hs {
 			hdr := make([]byte, packetHeaderLen)
@@ -145,15 +146,15 @@ func streamSeeds() [][]byte {
 		all = append(all, enc(h)...)
 	}
 	return [][]byte{all,
-		enc(nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 4096, Last: true}, nprdma.Header{Kind: nprdma.PacketAck, Seq: 2}),
-		enc(nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 100},
-			nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Offset: 100, Len: 3996, Fill: true, Pattern: 0x1122334455667788, Last: true},
-			nprdma.Header{Kind: nprdma.PacketNak, Seq: 1, Syndrome: nprdma.NakRNR}),
-		enc(nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 64}, nprdma.Header{Kind: nprdma.PacketSend, Seq: 1, Len: 10, HasImm: true, Imm: 3},
-			nprdma.Header{Kind: nprdma.PacketReadRequest, Seq: 2, Len: 64, RKey: 1}, nprdma.Header{Kind: nprdma.PacketWrite, Seq: 3, Len: 8, RKey: 1}),
-		enc(nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 4096, Last: true}, nprdma.Header{Kind: kindEnd}),
-		enc(nprdma.Header{Kind: nprdma.PacketDisconnect}),
-		enc(nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 1 << 20})[:packetHeaderLen+3], // payload cut short
+		enc(link.Header{Kind: link.PacketReadResponse, Seq: 0, Len: 4096, Last: true}, link.Header{Kind: link.PacketAck, Seq: 2}),
+		enc(link.Header{Kind: link.PacketReadResponse, Seq: 0, Len: 100},
+			link.Header{Kind: link.PacketReadResponse, Seq: 0, Offset: 100, Len: 3996, Fill: true, Pattern: 0x1122334455667788, Last: true},
+			link.Header{Kind: link.PacketNak, Seq: 1, Syndrome: link.NakRNR}),
+		enc(link.Header{Kind: link.PacketSend, Seq: 0, Len: 64}, link.Header{Kind: link.PacketSend, Seq: 1, Len: 10, HasImm: true, Imm: 3},
+			link.Header{Kind: link.PacketReadRequest, Seq: 2, Len: 64, RKey: 1}, link.Header{Kind: link.PacketWrite, Seq: 3, Len: 8, RKey: 1}),
+		enc(link.Header{Kind: link.PacketReadResponse, Seq: 0, Len: 4096, Last: true}, link.Header{Kind: kindEnd}),
+		enc(link.Header{Kind: link.PacketDisconnect}),
+		enc(link.Header{Kind: link.PacketSend, Seq: 0, Len: 1 << 20})[:packetHeaderLen+3], // payload cut short
 	}
 }
 
@@ -171,14 +172,14 @@ func FuzzRingStream(f *testing.F) {
 
 // stubProvider hands Dial a link made beforehand, so that a test can play
 // the peer through the ring's memory.
-type stubProvider struct{ l *link }
+type stubProvider struct{ l *shmLink }
 
 func (stubProvider) Name() string { return "stub" }
-func (stubProvider) Listen(string) (nprdma.LinkListener, error) {
+func (stubProvider) Listen(string) (link.Listener, error) {
 	return nil, errors.New("stub: no listening")
 }
-func (s stubProvider) Dial(context.Context, string, nprdma.Hello) (nprdma.Link, nprdma.Hello, error) {
-	return s.l, nprdma.Hello{QPNum: 1}, nil
+func (s stubProvider) Dial(context.Context, string, link.Hello) (link.Link, link.Hello, error) {
+	return s.l, link.Hello{QPNum: 1}, nil
 }
 
 // feedRing connects a queue pair to a link whose peer writes data into the

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // Regions shared in place, both ways. The side that owns a region (the
@@ -68,8 +68,8 @@ func (s *shares) init(p *Provider, file []byte, dialer bool) {
 	s.grants.Store(&empty)
 }
 
-// ShareRegion implements nprdma.RegionSharer.
-func (l *link) ShareRegion(r nprdma.SharedRegion) (func(), bool) {
+// ShareRegion implements link.RegionSharer.
+func (l *shmLink) ShareRegion(r link.SharedRegion) (func(), bool) {
 	s := &l.shares
 	s.mu.Lock()
 	if !s.live || s.next >= fenceSlots {
@@ -179,28 +179,28 @@ func (s *shares) close() {
 	}
 }
 
-// ReadLocal implements nprdma.LocalReader.
-func (l *link) ReadLocal(rkey uint32, addr uint64, dst [][]byte) (nprdma.LocalRead, bool) {
+// ReadLocal implements link.LocalReader.
+func (l *shmLink) ReadLocal(rkey uint32, addr uint64, dst [][]byte) (link.LocalRead, bool) {
 	g := (*l.shares.grants.Load())[rkey]
 	if g == nil {
-		return nprdma.LocalRead{}, false
+		return link.LocalRead{}, false
 	}
 	n := uint64(totalLen(dst))
 	if addr < g.info.addr || addr-g.info.addr > g.info.length || n > g.info.length-(addr-g.info.addr) {
-		return nprdma.LocalRead{}, false
+		return link.LocalRead{}, false
 	}
 	if !g.enter() {
-		return nprdma.LocalRead{}, false
+		return link.LocalRead{}, false
 	}
 	defer g.exit()
 	if atomic.LoadUint32(g.fence) != 0 {
-		return nprdma.LocalRead{}, false
+		return link.LocalRead{}, false
 	}
 	r := g.m.read(g, int(addr-g.info.addr), dst)
 	// A READ that ends after the revocation did not happen here: the peer
 	// refuses it.
 	if atomic.LoadUint32(g.fence) != 0 {
-		return nprdma.LocalRead{}, false
+		return link.LocalRead{}, false
 	}
 	return r, true
 }

@@ -8,15 +8,15 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"golang.org/x/sys/unix"
+	"github.com/nprdma/nprdma/nprdma/link"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"golang.org/x/sys/unix"
 )
 
 // link is one end of a queue pair's connection: a unix socket (the
 // handshake, regions shared in place, and the other side's liveness) and a
 // ring file mapped by both processes (the packets, one ring per direction).
-type link struct {
+type shmLink struct {
 	prov   *Provider
 	conn   *net.UnixConn
 	dialer bool
@@ -29,7 +29,7 @@ type link struct {
 	// ring outData and inSpace for it.
 	inData, inSpace, outData, outSpace bell
 
-	rx        nprdma.Receiver
+	rx        link.Receiver
 	startOnce sync.Once
 	wg        sync.WaitGroup // the socket reader and the writer
 	runDone   chan struct{}  // the receive goroutine has finished
@@ -60,13 +60,13 @@ type link struct {
 type outPacket struct {
 	hdr  [packetHeaderLen]byte
 	data [][]byte
-	buf  nprdma.Releaser
+	buf  link.Releaser
 	size int // header, payload, padding
 	done int // bytes of it in the ring
 }
 
-func newLink(p *Provider, conn *net.UnixConn, dialer bool, file []byte, size int, bells [4]bell) *link {
-	l := &link{prov: p, conn: conn, dialer: dialer, file: file, runDone: make(chan struct{}), down: make(chan struct{})}
+func newLink(p *Provider, conn *net.UnixConn, dialer bool, file []byte, size int, bells [4]bell) *shmLink {
+	l := &shmLink{prov: p, conn: conn, dialer: dialer, file: file, runDone: make(chan struct{}), down: make(chan struct{})}
 	inDir, outDir := 1, 0 // the dialer writes ring 0
 	if !dialer {
 		inDir, outDir = 0, 1
@@ -82,8 +82,8 @@ func newLink(p *Provider, conn *net.UnixConn, dialer bool, file []byte, size int
 	return l
 }
 
-// Start implements nprdma.Link.
-func (l *link) Start(r nprdma.Receiver) {
+// Start implements link.Link.
+func (l *shmLink) Start(r link.Receiver) {
 	l.startOnce.Do(func() {
 		l.rx = r
 		l.wg.Add(1)
@@ -92,11 +92,11 @@ func (l *link) Start(r nprdma.Receiver) {
 	})
 }
 
-func (l *link) isBroken() bool { return l.broken.Load() }
+func (l *shmLink) isBroken() bool { return l.broken.Load() }
 
 // breakWith takes the link down for err (the first cause wins): waits end,
 // the socket closes (the peer sees it go without a FIN: a lost peer).
-func (l *link) breakWith(err error) {
+func (l *shmLink) breakWith(err error) {
 	l.downOnce.Do(func() {
 		l.downErr = err
 		l.broken.Store(true)
@@ -107,10 +107,10 @@ func (l *link) breakWith(err error) {
 	})
 }
 
-// Send implements nprdma.Link. Packets go straight into the ring while it
+// Send implements link.Link. Packets go straight into the ring while it
 // has room and nothing waits before them; the rest is left to the writer
 // goroutine, so that Send never waits for the peer.
-func (l *link) Send(pkts []nprdma.Packet) {
+func (l *shmLink) Send(pkts []link.Packet) {
 	l.wmu.Lock()
 	if l.dead || l.ended {
 		l.wmu.Unlock()
@@ -136,7 +136,7 @@ func (l *link) Send(pkts []nprdma.Packet) {
 	l.wmu.Unlock()
 }
 
-func releasePackets(pkts []nprdma.Packet) {
+func releasePackets(pkts []link.Packet) {
 	for i := range pkts {
 		if pkts[i].Buf != nil {
 			pkts[i].Buf.Release()
@@ -145,7 +145,7 @@ func releasePackets(pkts []nprdma.Packet) {
 }
 
 // writeWhole writes p into the ring if it fits wholly.
-func (l *link) writeWhole(p *nprdma.Packet) bool {
+func (l *shmLink) writeWhole(p *link.Packet) bool {
 	n := p.PayloadLen()
 	size := packetHeaderLen + paddedLen(n)
 	space, err := l.out.space()
@@ -165,7 +165,7 @@ func (l *link) writeWhole(p *nprdma.Packet) bool {
 	return true
 }
 
-func (l *link) queue(p *nprdma.Packet) {
+func (l *shmLink) queue(p *link.Packet) {
 	op := outPacket{buf: p.Buf, size: packetHeaderLen + paddedLen(p.PayloadLen())}
 	encodeHeader(op.hdr[:], &p.Header)
 	if len(p.Data) > 0 {
@@ -174,7 +174,7 @@ func (l *link) queue(p *nprdma.Packet) {
 	l.pending = append(l.pending, op)
 }
 
-func (l *link) startWriterLocked() {
+func (l *shmLink) startWriterLocked() {
 	if len(l.pending) > 0 && !l.writing && !l.dead {
 		l.writing = true
 		l.wg.Add(1)
@@ -184,7 +184,7 @@ func (l *link) startWriterLocked() {
 
 // drainLocked writes as much of the pending packets as the ring takes and
 // publishes it; it reports whether it wrote anything.
-func (l *link) drainLocked() (bool, error) {
+func (l *shmLink) drainLocked() (bool, error) {
 	wrote := false
 	for len(l.pending) > 0 {
 		space, err := l.out.space()
@@ -223,7 +223,7 @@ func (l *link) drainLocked() (bool, error) {
 }
 
 // writePart writes up to max bytes of op from where it stands.
-func (l *link) writePart(op *outPacket, max int) int {
+func (l *shmLink) writePart(op *outPacket, max int) int {
 	at := op.done
 	if at < packetHeaderLen {
 		k := min(max, packetHeaderLen-at)
@@ -251,7 +251,7 @@ func (l *link) writePart(op *outPacket, max int) int {
 }
 
 // writer writes the pending packets as the peer makes room.
-func (l *link) writer() {
+func (l *shmLink) writer() {
 	defer l.wg.Done()
 	for {
 		l.wmu.Lock()
@@ -293,10 +293,10 @@ func (l *link) writer() {
 	}
 }
 
-// Flush implements nprdma.Link: it wakes the peer if it sleeps. It looks
+// Flush implements link.Link: it wakes the peer if it sleeps. It looks
 // at the ring under wmu: a queue pair may flush a link that went down (and
 // unmapped its ring) before the queue pair heard of it.
-func (l *link) Flush() {
+func (l *shmLink) Flush() {
 	l.wmu.Lock()
 	sleeps := !l.dead && atomic.LoadUint32(l.out.rxSleeping) != 0
 	l.wmu.Unlock()
@@ -305,16 +305,16 @@ func (l *link) Flush() {
 	}
 }
 
-// Close implements nprdma.Link: END follows what is queued, then a FIN on
+// Close implements link.Link: END follows what is queued, then a FIN on
 // the socket tells the peer that the socket's end is not a crash.
-func (l *link) Close() {
+func (l *shmLink) Close() {
 	l.wmu.Lock()
 	if l.dead || l.ended {
 		l.wmu.Unlock()
 		return
 	}
 	l.ended = true
-	end := nprdma.Packet{Header: nprdma.Header{Kind: kindEnd}}
+	end := link.Packet{Header: link.Header{Kind: kindEnd}}
 	if len(l.pending) == 0 && l.writeWhole(&end) {
 		l.out.publish()
 		l.endDone = true
@@ -330,12 +330,12 @@ func (l *link) Close() {
 	}
 }
 
-func (l *link) sendFin() {
+func (l *shmLink) sendFin() {
 	l.finOnce.Do(func() { sendMsg(l.conn, encodeFin()) })
 }
 
-// Abort implements nprdma.Link.
-func (l *link) Abort() {
+// Abort implements link.Link.
+func (l *shmLink) Abort() {
 	started := true
 	l.startOnce.Do(func() { started = false }) // never started: never will be
 	l.breakWith(errAborted)
@@ -347,12 +347,12 @@ func (l *link) Abort() {
 var (
 	errAborted = errors.New("shm: link aborted")
 	errCrashed = errors.New("shm: provider crashed")
-	errLost    = fmt.Errorf("%w: the peer's socket closed without FIN (the process ended)", nprdma.ErrPeerLost)
+	errLost    = fmt.Errorf("%w: the peer's socket closed without FIN (the process ended)", link.ErrPeerLost)
 )
 
 // readSocket serves the socket: regions the peer shares and revokes, its
 // FIN, and its end.
-func (l *link) readSocket() {
+func (l *shmLink) readSocket() {
 	defer l.wg.Done()
 	buf := make([]byte, maxMessage+1)
 	for {
@@ -362,7 +362,7 @@ func (l *link) readSocket() {
 				return // the peer closed gracefully: its END is in the ring
 			}
 			if errors.Is(err, errMessage) {
-				err = fmt.Errorf("%w: %w", nprdma.ErrProtocol, err)
+				err = fmt.Errorf("%w: %w", link.ErrProtocol, err)
 			} else {
 				err = errLost
 			}
@@ -385,22 +385,22 @@ func (l *link) readSocket() {
 		}
 		closeFiles(files)
 		if err != nil {
-			l.breakWith(fmt.Errorf("%w: %w", nprdma.ErrProtocol, err))
+			l.breakWith(fmt.Errorf("%w: %w", link.ErrProtocol, err))
 			return
 		}
 	}
 }
 
 // run receives until the link ends, then tears it down.
-func (l *link) run() {
+func (l *shmLink) run() {
 	err := l.receive()
 	l.teardown(err)
 }
 
 // receive delivers the peer's packets in order until its END (io.EOF) or
 // the link breaks.
-func (l *link) receive() error {
-	var h nprdma.Header
+func (l *shmLink) receive() error {
+	var h link.Header
 	for {
 		n, err := l.in.available()
 		if err != nil {
@@ -422,7 +422,7 @@ func (l *link) receive() error {
 		}
 		end, err := decodeHeader(l.hdr[:], &h)
 		if err != nil {
-			return fmt.Errorf("%w: %w", nprdma.ErrProtocol, err)
+			return fmt.Errorf("%w: %w", link.ErrProtocol, err)
 		}
 		if end {
 			return io.EOF
@@ -446,7 +446,7 @@ func (l *link) receive() error {
 }
 
 // cause is the error a wait that was stopped reports.
-func (l *link) cause(err error) error {
+func (l *shmLink) cause(err error) error {
 	if errors.Is(err, errStop) && l.isBroken() {
 		return l.downErr
 	}
@@ -454,7 +454,7 @@ func (l *link) cause(err error) error {
 }
 
 // awaitIn waits for the peer to write into the inbound ring.
-func (l *link) awaitIn() error {
+func (l *shmLink) awaitIn() error {
 	err := await(func() (bool, error) {
 		n, err := l.in.available()
 		return n > 0, err
@@ -464,13 +464,13 @@ func (l *link) awaitIn() error {
 
 // readIn fills dst from the inbound ring, waiting for the peer as needed,
 // and gives the room back as it goes.
-func (l *link) readIn(dst []byte) error { return l.consumeIn(dst, len(dst)) }
+func (l *shmLink) readIn(dst []byte) error { return l.consumeIn(dst, len(dst)) }
 
 // skipIn consumes n bytes of the inbound ring unread.
-func (l *link) skipIn(n int) error { return l.consumeIn(nil, n) }
+func (l *shmLink) skipIn(n int) error { return l.consumeIn(nil, n) }
 
 // consumeIn takes n bytes from the inbound ring, into dst unless it is nil.
-func (l *link) consumeIn(dst []byte, n int) error {
+func (l *shmLink) consumeIn(dst []byte, n int) error {
 	for n > 0 {
 		if l.isBroken() {
 			return l.downErr
@@ -498,7 +498,7 @@ func (l *link) consumeIn(dst []byte, n int) error {
 	return nil
 }
 
-func (l *link) releaseIn() {
+func (l *shmLink) releaseIn() {
 	l.in.release()
 	if atomic.LoadUint32(l.in.txWaiting) != 0 {
 		l.inSpace.ring()
@@ -506,7 +506,7 @@ func (l *link) releaseIn() {
 }
 
 // waitThawed blocks while the provider is frozen, unless the link breaks.
-func (l *link) waitThawed() error {
+func (l *shmLink) waitThawed() error {
 	for l.prov.gate.Frozen() {
 		select {
 		case <-l.prov.gate.Thawed():
@@ -523,7 +523,7 @@ func (l *link) waitThawed() error {
 // the socket (after END and FIN if the peer ended gracefully, as a closed
 // TCP connection answers the peer's), lets go of shared regions, unmaps
 // the ring and tells the queue pair.
-func (l *link) teardown(err error) {
+func (l *shmLink) teardown(err error) {
 	if err == io.EOF && !l.isBroken() {
 		l.Close()
 	}
@@ -546,7 +546,7 @@ func (l *link) teardown(err error) {
 
 // release frees what the link holds: shared regions (once nobody reads
 // them), the ring file, the doorbells.
-func (l *link) release() {
+func (l *shmLink) release() {
 	l.shares.close()
 	l.wmu.Lock()
 	l.dead = true // nothing touches the ring after this
@@ -564,7 +564,7 @@ func (l *link) release() {
 // payload is the payload of the packet being delivered, read straight out
 // of the ring.
 type payload struct {
-	l         *link
+	l         *shmLink
 	remaining int
 }
 

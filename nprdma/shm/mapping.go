@@ -8,9 +8,9 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/nprdma/nprdma/nprdma/link"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"golang.org/x/sys/unix"
 )
 
 // InPlaceMode says how a requester reads the regions its peers share with
@@ -210,14 +210,14 @@ func (ms *mappings) count() int {
 // read copies [off, off+sum(len(dst))) of the region into dst under the
 // seqlock of each page, writing the magic page where a page is absent,
 // busy, changed during the copy, or gone (a fault).
-func (m *mapping) read(g *grant, off int, dst [][]byte) nprdma.LocalRead {
-	var r nprdma.LocalRead
+func (m *mapping) read(g *grant, off int, dst [][]byte) link.LocalRead {
+	var r link.LocalRead
 	if m.mode == InPlaceMapped {
 		old := debug.SetPanicOnFault(true)
 		defer debug.SetPanicOnFault(old)
 	}
 	ps := g.info.pageSize
-	var parts [nprdma.MaxSGE + 1][]byte
+	var parts [link.MaxSGE + 1][]byte
 	si, so := 0, 0 // position in dst
 	for pos, end := off, off+totalLen(dst); pos < end; {
 		page := pos / ps
@@ -238,7 +238,7 @@ func (m *mapping) read(g *grant, off int, dst [][]byte) nprdma.LocalRead {
 			r.Magic++
 			at := pos
 			for _, p := range pieces {
-				nprdma.FillMagic(p, g.info.magic, at)
+				link.FillMagic(p, g.info.magic, at)
 				at += len(p)
 			}
 		}

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // Messages on a queue pair's unix socket (SOCK_SEQPACKET: one message per
@@ -40,7 +40,7 @@ const (
 	msgPrefixLen = 8
 	// maxMessage bounds a message (the largest is an ACCEPT with the
 	// largest private data).
-	maxMessage = 20 + nprdma.MaxPrivateData
+	maxMessage = 20 + link.MaxPrivateData
 	// Descriptors a message carries.
 	acceptFDs = 5
 	grantFDs  = 3
@@ -64,7 +64,7 @@ type grantInfo struct {
 	length   uint64
 	pageSize int
 	magic    uint64
-	bits     nprdma.StateBits
+	bits     link.StateBits
 }
 
 var errMessage = errors.New("bad socket message")
@@ -156,7 +156,7 @@ func decodeMessage(b []byte, nfds int) (message, error) {
 			return fmt.Errorf("%w: type %d of %d bytes", errMessage, m.typ, len(b))
 		}
 		n := int(le.Uint16(b[lenAt:]))
-		if n > nprdma.MaxPrivateData || le.Uint16(b[lenAt+2:]) != 0 || at+n != len(b) {
+		if n > link.MaxPrivateData || le.Uint16(b[lenAt+2:]) != 0 || at+n != len(b) {
 			return fmt.Errorf("%w: %d bytes of private data in a message of %d", errMessage, n, len(b))
 		}
 		m.privateData = append([]byte(nil), b[at:]...)

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // The ring file: one memfd per queue pair, created and sealed by the
@@ -94,7 +94,7 @@ func (p *producer) space() (int, error) {
 	h := atomic.LoadUint64(p.head)
 	used := p.pos - h
 	if used > uint64(len(p.data)) {
-		return 0, fmt.Errorf("%w: %w: head %d, tail %d", nprdma.ErrProtocol, errRingIndex, h, p.pos)
+		return 0, fmt.Errorf("%w: %w: head %d, tail %d", link.ErrProtocol, errRingIndex, h, p.pos)
 	}
 	return len(p.data) - int(used), nil
 }
@@ -135,7 +135,7 @@ func (c *consumer) available() (int, error) {
 	t := atomic.LoadUint64(c.tail)
 	n := t - c.pos
 	if n > uint64(len(c.data)) {
-		return 0, fmt.Errorf("%w: %w: head %d, tail %d", nprdma.ErrProtocol, errRingIndex, c.pos, t)
+		return 0, fmt.Errorf("%w: %w: head %d, tail %d", link.ErrProtocol, errRingIndex, c.pos, t)
 	}
 	return int(n), nil
 }
@@ -156,7 +156,7 @@ func (c *consumer) release() { atomic.StoreUint64(c.head, c.pos) }
 
 // Packet headers in a ring. All integers little endian.
 //
-//	0 kind u8 (nprdma.PacketKind 1..7, or kindEnd), 1 flags u8, 2 syndrome u8,
+//	0 kind u8 (link.PacketKind 1..7, or kindEnd), 1 flags u8, 2 syndrome u8,
 //	3 reserved u8, 4 seq u32, 8 len u32, 12 imm u32, 16 rkey u32,
 //	20 offset u32, 24 addr u64, 32 pattern u64, 40 ack u32, 44 reserved u32
 //
@@ -174,7 +174,7 @@ const (
 
 // encodeHeader writes h into b (packetHeaderLen bytes); kind kindEnd is the
 // end of the stream.
-func encodeHeader(b []byte, h *nprdma.Header) {
+func encodeHeader(b []byte, h *link.Header) {
 	_ = b[packetHeaderLen-1]
 	clear(b[:packetHeaderLen])
 	b[0] = byte(h.Kind)
@@ -209,17 +209,17 @@ var errHeader = errors.New("bad packet header")
 // decodeHeader parses a header written by a peer, refusing anything
 // encodeHeader would not produce for a valid packet. end reports the end
 // of the stream.
-func decodeHeader(b []byte, h *nprdma.Header) (end bool, err error) {
+func decodeHeader(b []byte, h *link.Header) (end bool, err error) {
 	if len(b) < packetHeaderLen {
 		return false, fmt.Errorf("%w: %d bytes", errHeader, len(b))
 	}
 	le := binary.LittleEndian
-	kind, f, syn := b[0], b[1], nprdma.Syndrome(b[2])
+	kind, f, syn := b[0], b[1], link.Syndrome(b[2])
 	if b[3] != 0 || le.Uint32(b[44:]) != 0 {
 		return false, fmt.Errorf("%w: reserved bytes set", errHeader)
 	}
-	*h = nprdma.Header{
-		Kind: nprdma.PacketKind(kind), Seq: le.Uint32(b[4:]), Len: le.Uint32(b[8:]), Imm: le.Uint32(b[12:]),
+	*h = link.Header{
+		Kind: link.PacketKind(kind), Seq: le.Uint32(b[4:]), Len: le.Uint32(b[8:]), Imm: le.Uint32(b[12:]),
 		RKey: le.Uint32(b[16:]), Offset: le.Uint32(b[20:]), Addr: le.Uint64(b[24:]), Pattern: le.Uint64(b[32:]),
 		Ack: le.Uint32(b[40:]), Syndrome: syn,
 		HasImm: f&flagImm != 0, Last: f&flagLast != 0, Fill: f&flagFill != 0, HasAck: f&flagAck != 0,
@@ -228,26 +228,26 @@ func decodeHeader(b []byte, h *nprdma.Header) (end bool, err error) {
 	var flags byte
 	var fields uint8 // 1 len, 2 imm, 4 rkey+addr, 8 offset, 16 pattern, 32 ack
 	switch kind {
-	case byte(nprdma.PacketSend):
+	case byte(link.PacketSend):
 		flags, fields = flagImm|flagAck, 1|2|32
-	case byte(nprdma.PacketWrite):
+	case byte(link.PacketWrite):
 		flags, fields = flagImm|flagAck, 1|2|4|32
-	case byte(nprdma.PacketReadRequest):
+	case byte(link.PacketReadRequest):
 		flags, fields = flagAck, 1|4|32
-	case byte(nprdma.PacketReadResponse):
+	case byte(link.PacketReadResponse):
 		flags, fields = flagLast|flagFill, 1|8
 		if h.Fill {
 			fields |= 16
 		}
-	case byte(nprdma.PacketAck), byte(nprdma.PacketDisconnect), kindEnd:
-	case byte(nprdma.PacketNak):
-		if syn < nprdma.NakRNR || syn > nprdma.NakRemoteOperation {
+	case byte(link.PacketAck), byte(link.PacketDisconnect), kindEnd:
+	case byte(link.PacketNak):
+		if syn < link.NakRNR || syn > link.NakRemoteOperation {
 			return false, fmt.Errorf("%w: NAK syndrome %d", errHeader, syn)
 		}
 	default:
 		return false, fmt.Errorf("%w: kind %d", errHeader, kind)
 	}
-	if kind != byte(nprdma.PacketNak) && syn != 0 {
+	if kind != byte(link.PacketNak) && syn != 0 {
 		return false, fmt.Errorf("%w: syndrome %d on kind %d", errHeader, syn, kind)
 	}
 	if f&^flags != 0 {
@@ -270,8 +270,8 @@ func decodeHeader(b []byte, h *nprdma.Header) (end bool, err error) {
 		zeroUnless(16, h.Pattern, "pattern"), zeroUnless(32, uint64(h.Ack), "ack")); err != nil {
 		return false, err
 	}
-	if h.Len > nprdma.MaxMessageSize || (kind == byte(nprdma.PacketReadResponse) && uint64(h.Offset)+uint64(h.Len) > nprdma.MaxMessageSize) {
-		return false, fmt.Errorf("%w: length %d at offset %d beyond %d", errHeader, h.Len, h.Offset, nprdma.MaxMessageSize)
+	if h.Len > link.MaxMessageSize || (kind == byte(link.PacketReadResponse) && uint64(h.Offset)+uint64(h.Len) > link.MaxMessageSize) {
+		return false, fmt.Errorf("%w: length %d at offset %d beyond %d", errHeader, h.Len, h.Offset, link.MaxMessageSize)
 	}
 	return kind == kindEnd, nil
 }

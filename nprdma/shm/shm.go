@@ -31,9 +31,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/nprdma/nprdma/nprdma/link"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"golang.org/x/sys/unix"
 )
 
 // Scheme prefixes an address of this provider.
@@ -49,11 +49,11 @@ type Provider struct {
 	inPlace          InPlaceMode
 
 	mu        sync.Mutex
-	links     map[*link]struct{}
+	links     map[*shmLink]struct{}
 	listeners map[*listener]struct{}
 	crashed   bool
 
-	gate nprdma.FreezeGate
+	gate link.FreezeGate
 	maps mappings
 }
 
@@ -99,7 +99,7 @@ func New(opts ...Option) *Provider {
 		spin:             DefaultSpin,
 		handshakeTimeout: 10 * time.Second,
 		socketMode:       0o600,
-		links:            map[*link]struct{}{},
+		links:            map[*shmLink]struct{}{},
 		listeners:        map[*listener]struct{}{},
 	}
 	for _, o := range opts {
@@ -109,7 +109,7 @@ func New(opts ...Option) *Provider {
 	return p
 }
 
-// Name implements nprdma.Provider.
+// Name implements link.Provider.
 func (p *Provider) Name() string { return "shm" }
 
 // InPlaceReads reports how READs of shared regions are executed: the mode
@@ -153,8 +153,8 @@ var (
 	listenSeq    atomic.Uint64
 )
 
-// Listen implements nprdma.Provider.
-func (p *Provider) Listen(addr string) (nprdma.LinkListener, error) {
+// Listen implements link.Provider.
+func (p *Provider) Listen(addr string) (link.Listener, error) {
 	if err := p.checkRingSize(); err != nil {
 		return nil, err
 	}
@@ -214,13 +214,13 @@ func removeStale(path string) {
 	}
 }
 
-// Dial implements nprdma.Provider.
-func (p *Provider) Dial(ctx context.Context, addr string, hello nprdma.Hello) (nprdma.Link, nprdma.Hello, error) {
+// Dial implements link.Provider.
+func (p *Provider) Dial(ctx context.Context, addr string, hello link.Hello) (link.Link, link.Hello, error) {
 	p.mu.Lock()
 	crashed := p.crashed
 	p.mu.Unlock()
 	if crashed {
-		return nil, nprdma.Hello{}, errCrashed
+		return nil, link.Hello{}, errCrashed
 	}
 	path := Path(addr)
 	ctx, cancel := context.WithTimeout(ctx, p.handshakeTimeout)
@@ -228,17 +228,17 @@ func (p *Provider) Dial(ctx context.Context, addr string, hello nprdma.Hello) (n
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unixpacket", path)
 	if err != nil {
-		return nil, nprdma.Hello{}, err
+		return nil, link.Hello{}, err
 	}
 	conn := c.(*net.UnixConn)
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	fail := func(err error) (nprdma.Link, nprdma.Hello, error) {
+	fail := func(err error) (link.Link, link.Hello, error) {
 		conn.Close()
 		if ctx.Err() != nil {
 			err = fmt.Errorf("shm: dial %s: %w", path, ctx.Err())
 		}
-		return nil, nprdma.Hello{}, err
+		return nil, link.Hello{}, err
 	}
 	if err := sendMsg(conn, encodeConnect(hello.QPNum, hello.PrivateData)); err != nil {
 		return fail(err)
@@ -257,7 +257,7 @@ func (p *Provider) Dial(ctx context.Context, addr string, hello nprdma.Hello) (n
 	}
 	if m.typ == msgReject {
 		conn.Close()
-		return nil, nprdma.Hello{}, &nprdma.RejectError{PrivateData: m.privateData}
+		return nil, link.Hello{}, &link.RejectError{PrivateData: m.privateData}
 	}
 	l, err := p.dialerLink(conn, m.ringSize, files)
 	if err != nil {
@@ -268,19 +268,19 @@ func (p *Provider) Dial(ctx context.Context, addr string, hello nprdma.Hello) (n
 		return fail(ctx.Err())
 	}
 	conn.SetDeadline(time.Time{})
-	return l, nprdma.Hello{QPNum: m.qpn, PrivateData: m.privateData}, nil
+	return l, link.Hello{QPNum: m.qpn, PrivateData: m.privateData}, nil
 }
 
 // dialerLink maps the ring file the listener sent and makes the link; it
 // takes files (ring file, then the four doorbells).
-func (p *Provider) dialerLink(conn *net.UnixConn, size int, files []*os.File) (*link, error) {
+func (p *Provider) dialerLink(conn *net.UnixConn, size int, files []*os.File) (*shmLink, error) {
 	ringFile := files[0]
 	defer ringFile.Close()
 	var bells [4]bell
 	for i := range bells {
 		bells[i] = bell{files[1+i]}
 	}
-	fail := func(err error) (*link, error) {
+	fail := func(err error) (*shmLink, error) {
 		for _, b := range bells {
 			b.close()
 		}
@@ -315,7 +315,7 @@ func (p *Provider) dialerLink(conn *net.UnixConn, size int, files []*os.File) (*
 
 // listenerLink creates, seals and maps a ring file and its doorbells, and
 // makes the listener's end of the link; files are what the dialer gets.
-func (p *Provider) listenerLink(conn *net.UnixConn) (*link, []*os.File, error) {
+func (p *Provider) listenerLink(conn *net.UnixConn) (*shmLink, []*os.File, error) {
 	size := p.ringSize
 	fd, err := unix.MemfdCreate("nprdma-shm-ring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
@@ -323,7 +323,7 @@ func (p *Provider) listenerLink(conn *net.UnixConn) (*link, []*os.File, error) {
 	}
 	ringFile := os.NewFile(uintptr(fd), "nprdma-shm-ring")
 	files := []*os.File{ringFile}
-	fail := func(err error) (*link, []*os.File, error) {
+	fail := func(err error) (*shmLink, []*os.File, error) {
 		closeFiles(files)
 		return nil, nil, err
 	}
@@ -349,7 +349,7 @@ func (p *Provider) listenerLink(conn *net.UnixConn) (*link, []*os.File, error) {
 	return newLink(p, conn, false, mem, size, bells), files, nil
 }
 
-func (p *Provider) addLink(l *link) bool {
+func (p *Provider) addLink(l *shmLink) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.crashed {
@@ -359,7 +359,7 @@ func (p *Provider) addLink(l *link) bool {
 	return true
 }
 
-func (p *Provider) removeLink(l *link) {
+func (p *Provider) removeLink(l *shmLink) {
 	p.mu.Lock()
 	delete(p.links, l)
 	p.mu.Unlock()
@@ -434,7 +434,7 @@ func (l *listener) handshake(c *net.UnixConn) {
 		return
 	}
 	c.SetDeadline(time.Time{})
-	r := &request{lis: l, conn: c, hello: nprdma.Hello{QPNum: m.qpn, PrivateData: m.privateData}}
+	r := &request{lis: l, conn: c, hello: link.Hello{QPNum: m.qpn, PrivateData: m.privateData}}
 	select {
 	case l.reqs <- r:
 	case <-l.closed:
@@ -442,7 +442,7 @@ func (l *listener) handshake(c *net.UnixConn) {
 	}
 }
 
-func (l *listener) Accept(ctx context.Context) (nprdma.LinkRequest, error) {
+func (l *listener) Accept(ctx context.Context) (link.Request, error) {
 	select {
 	case r := <-l.reqs:
 		return r, nil
@@ -478,11 +478,11 @@ func (l *listener) Close() error {
 type request struct {
 	lis   *listener
 	conn  *net.UnixConn
-	hello nprdma.Hello
+	hello link.Hello
 	once  sync.Once
 }
 
-func (r *request) Hello() nprdma.Hello { return r.hello }
+func (r *request) Hello() link.Hello { return r.hello }
 
 // RemoteAddr names the dialing process by its credentials.
 func (r *request) RemoteAddr() string {
@@ -498,8 +498,8 @@ func (r *request) RemoteAddr() string {
 	return "shm:pid=" + strconv.Itoa(int(cred.Pid)) + ",uid=" + strconv.Itoa(int(cred.Uid))
 }
 
-func (r *request) Accept(hello nprdma.Hello) (nprdma.Link, error) {
-	var out nprdma.Link
+func (r *request) Accept(hello link.Hello) (link.Link, error) {
+	var out link.Link
 	err := errors.New("shm: connection request answered twice")
 	r.once.Do(func() {
 		p := r.lis.prov

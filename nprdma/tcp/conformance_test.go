@@ -6,12 +6,13 @@ import (
 
 	"github.com/nprdma/nprdma/nprdma"
 	"github.com/nprdma/nprdma/nprdma/conformance"
+	"github.com/nprdma/nprdma/nprdma/link"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 )
 
 func TestConformance(t *testing.T) {
 	h := conformance.Harness{
-		NewProvider: func(t *testing.T) nprdma.Provider { return tcp.New() },
+		NewProvider: func(t *testing.T) link.Provider { return tcp.New() },
 		ListenAddr:  "127.0.0.1:0",
 	}
 	conformance.Run(t, h)

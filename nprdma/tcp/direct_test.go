@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // directPair is a client and a server QP, each on a provider of its own, so
@@ -80,7 +81,7 @@ func newDirectPair(t *testing.T, cliOpts, srvOpts []Option, cqOpts ...nprdma.CQO
 }
 
 // onlyLink is the provider's one link.
-func onlyLink(t *testing.T, p *Provider) *link {
+func onlyLink(t *testing.T, p *Provider) *tcpLink {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -520,7 +521,7 @@ func TestSocketReceiveBuffer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rcvbuf := func(l *link) int {
+	rcvbuf := func(l *tcpLink) int {
 		var v int
 		var serr error
 		if err := l.rc.Control(func(fd uintptr) { v, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF) }); err != nil {
@@ -602,7 +603,7 @@ func TestPeerStopsMidFrame(t *testing.T) {
 		stop()
 		select {
 		case <-p.srv.Done():
-			if !errors.Is(p.srv.Err(), nprdma.ErrPeerLost) || !strings.Contains(p.srv.Err().Error(), "middle of a frame") {
+			if !errors.Is(p.srv.Err(), link.ErrPeerLost) || !strings.Contains(p.srv.Err().Error(), "middle of a frame") {
 				t.Fatalf("queue pair error %v, want the peer lost in the middle of a frame", p.srv.Err())
 			}
 			t.Logf("the link failed %v after the partial frame", time.Since(start).Round(time.Millisecond))

@@ -6,9 +6,9 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/nprdma/nprdma/nprdma/link"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"golang.org/x/sys/unix"
 )
 
 // Reading the expected frame. A large payload whose header is read first
@@ -17,7 +17,7 @@ import (
 // response is a frame whose destination the requester knows before it
 // arrives, and so, as a guess, is the peer's next SEND (as long as the last
 // one, into the receive buffer posted first). So at a frame boundary the
-// reader asks the queue pair (nprdma.PayloadExpecter) and reads the
+// reader asks the queue pair (link.PayloadExpecter) and reads the
 // expected PAD and header into its buffer and the payload into place with
 // one readv. The header is checked before anything is delivered; when the
 // stream held something else, what landed in the destination goes back
@@ -29,8 +29,8 @@ import (
 const maxExpected = 1 << 20
 
 type expectState struct {
-	ex      nprdma.PayloadExpecter // nil: the receiver names nothing
-	e       nprdma.ExpectedPayload
+	ex      link.PayloadExpecter // nil: the receiver names nothing
+	e       link.ExpectedPayload
 	sendSrc uint64 // where the last large SEND's payload sat, mod alignTo: its source's alignment
 	misses  int    // wrong guesses in a row
 	skip    int    // boundaries to read without guessing
@@ -44,7 +44,7 @@ type expectState struct {
 // buffer holds the expected frame's PAD and header with the payload's
 // first bytes already in place (handed to the payload as placed), or,
 // after a wrong guess, simply the bytes that arrived.
-func (l *link) readExpected() (bool, error) {
+func (l *tcpLink) readExpected() (bool, error) {
 	x, rd := &l.exp, l.rd
 	// As in readDirect: a source that cannot read two buffers at once is
 	// read as usual.
@@ -62,7 +62,7 @@ func (l *link) readExpected() (bool, error) {
 		return false, nil
 	}
 	e := x.e
-	x.e = nprdma.ExpectedPayload{} // no reference kept to the destination
+	x.e = link.ExpectedPayload{} // no reference kept to the destination
 	h := &e.Header
 	src := e.Src
 	if e.SrcUnknown {
@@ -99,14 +99,14 @@ func (l *link) readExpected() (bool, error) {
 // isExpected reports whether b is a PAD frame of pad bytes (none if 0) and
 // then the header of the packet want, its immediate and piggybacked
 // acknowledgement aside.
-func isExpected(b []byte, pad int, want *nprdma.Header) bool {
+func isExpected(b []byte, pad int, want *link.Header) bool {
 	if pad > 0 {
 		if k, err := parsePad(b); err != nil || prefixLen+k != pad {
 			return false
 		}
 		b = b[pad:]
 	}
-	var h nprdma.Header
+	var h link.Header
 	n, err := parseHeader(b, &h)
 	return err == nil && n == len(b) && h.Kind == want.Kind && h.Seq == want.Seq && h.Len == want.Len &&
 		h.Offset == want.Offset && h.Last == want.Last && h.Fill == want.Fill

@@ -10,24 +10,25 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // scriptedRx is a receiver that expects READ responses from a list, in
 // order, and records every packet delivered with its payload.
 type scriptedRx struct {
 	mu        sync.Mutex
-	expect    []nprdma.ExpectedPayload // the head is expected next
+	expect    []link.ExpectedPayload // the head is expected next
 	delivered chan delivery
 	down      chan error
-	after     func(h *nprdma.Header) // called once a packet's payload is read
+	after     func(h *link.Header) // called once a packet's payload is read
 }
 
 type delivery struct {
-	h    nprdma.Header
+	h    link.Header
 	data []byte
 }
 
-func (r *scriptedRx) ExpectPayload(least int, e *nprdma.ExpectedPayload) bool {
+func (r *scriptedRx) ExpectPayload(least int, e *link.ExpectedPayload) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.expect) == 0 || int(r.expect[0].Header.Len) < least {
@@ -37,10 +38,10 @@ func (r *scriptedRx) ExpectPayload(least int, e *nprdma.ExpectedPayload) bool {
 	return true
 }
 
-func (r *scriptedRx) Deliver(h *nprdma.Header, p nprdma.Payload) error {
+func (r *scriptedRx) Deliver(h *link.Header, p link.Payload) error {
 	var data []byte
 	r.mu.Lock()
-	if len(r.expect) > 0 && h.Kind == nprdma.PacketReadResponse && h.Seq == r.expect[0].Header.Seq {
+	if len(r.expect) > 0 && h.Kind == link.PacketReadResponse && h.Seq == r.expect[0].Header.Seq {
 		data = r.expect[0].Dst[:h.Len] // the READ's destination, as a QP's
 		r.expect = r.expect[1:]
 	} else {
@@ -68,7 +69,7 @@ type frameWriter struct {
 	pos int
 }
 
-func (w *frameWriter) frame(h *nprdma.Header, src uint64, payload []byte) []byte {
+func (w *frameWriter) frame(h *link.Header, src uint64, payload []byte) []byte {
 	var b []byte
 	if len(payload) >= alignPayload {
 		if k := padFor(w.pos, int(src)-payloadOffset(h)); k > 0 {
@@ -130,13 +131,13 @@ func TestExpectedResponseReadInPlace(t *testing.T) {
 	for i := range dst {
 		dst[i], payload[i] = make([]byte, size), make([]byte, size)
 		rand.Read(payload[i])
-		rx.expect = append(rx.expect, nprdma.ExpectedPayload{
-			Header: nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: uint32(10 + i), Len: size, Last: true},
+		rx.expect = append(rx.expect, link.ExpectedPayload{
+			Header: link.Header{Kind: link.PacketReadResponse, Seq: uint32(10 + i), Len: size, Last: true},
 			Src:    0x7f0000001000 + uint64(24*(i/4)), // the last one padded differently
 			Dst:    dst[i],
 		})
 	}
-	exps := append([]nprdma.ExpectedPayload(nil), rx.expect...)
+	exps := append([]link.ExpectedPayload(nil), rx.expect...)
 	l, err := newLink(New(), srv, newReader(srv, 64<<10))
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +149,7 @@ func TestExpectedResponseReadInPlace(t *testing.T) {
 	}()
 	w := &frameWriter{c: cli}
 	resp := func(i int) []byte { return w.frame(&exps[i].Header, exps[i].Src, payload[i]) }
-	want := func(kind nprdma.PacketKind, seq uint32, data []byte) {
+	want := func(kind link.PacketKind, seq uint32, data []byte) {
 		t.Helper()
 		select {
 		case d := <-rx.delivered:
@@ -164,7 +165,7 @@ func TestExpectedResponseReadInPlace(t *testing.T) {
 
 	// 1. As expected.
 	w.write(t, w.end(resp(0)))
-	want(nprdma.PacketReadResponse, 10, payload[0])
+	want(link.PacketReadResponse, 10, payload[0])
 	if !bytes.Equal(dst[0], payload[0]) {
 		t.Fatal("READ 10's destination does not hold its payload")
 	}
@@ -173,19 +174,19 @@ func TestExpectedResponseReadInPlace(t *testing.T) {
 	w.write(t, b[:5])
 	time.Sleep(20 * time.Millisecond)
 	w.write(t, b[5:])
-	want(nprdma.PacketReadResponse, 11, payload[1])
+	want(link.PacketReadResponse, 11, payload[1])
 	// 3. A SEND first: the guess is wrong. 4. The next boundary does not
 	// guess.
 	send := make([]byte, 40<<10)
 	rand.Read(send)
-	w.write(t, w.end(append(w.frame(&nprdma.Header{Kind: nprdma.PacketSend, Seq: 3, Len: uint32(len(send))}, 0x1000, send), resp(2)...)))
-	want(nprdma.PacketSend, 3, send)
-	want(nprdma.PacketReadResponse, 12, payload[2])
+	w.write(t, w.end(append(w.frame(&link.Header{Kind: link.PacketSend, Seq: 3, Len: uint32(len(send))}, 0x1000, send), resp(2)...)))
+	want(link.PacketSend, 3, send)
+	want(link.PacketReadResponse, 12, payload[2])
 	w.write(t, w.end(resp(3)))
-	want(nprdma.PacketReadResponse, 13, payload[3])
+	want(link.PacketReadResponse, 13, payload[3])
 	// 5. As expected again.
 	w.write(t, w.end(resp(4)))
-	want(nprdma.PacketReadResponse, 14, payload[4])
+	want(link.PacketReadResponse, 14, payload[4])
 	for i := range dst {
 		if !bytes.Equal(dst[i], payload[i]) {
 			t.Fatalf("READ %d's destination does not hold its payload", 10+i)
@@ -319,7 +320,7 @@ func TestPayloadReadTakesWhatFollows(t *testing.T) {
 	var b []byte
 	for i, p := range payloads {
 		rand.Read(p)
-		b = append(b, w.frame(&nprdma.Header{Kind: nprdma.PacketSend, Seq: uint32(i), Len: size}, 0x1000, p)...)
+		b = append(b, w.frame(&link.Header{Kind: link.PacketSend, Seq: uint32(i), Len: size}, 0x1000, p)...)
 	}
 	w.write(t, w.end(b)) // all queued before the link reads anything
 	rx := &scriptedRx{delivered: make(chan delivery, 2), down: make(chan error, 1)}
@@ -328,7 +329,7 @@ func TestPayloadReadTakesWhatFollows(t *testing.T) {
 		t.Fatal(err)
 	}
 	buffered := -1
-	rx.after = func(h *nprdma.Header) {
+	rx.after = func(h *link.Header) {
 		if h.Seq == 0 {
 			buffered = l.rd.buffered()
 		}

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // Wire format: every frame starts with an 8-byte prefix
@@ -72,17 +72,17 @@ func malformed(format string, args ...any) error {
 }
 
 // appendHeader encodes h (a data-path frame) after b.
-func appendHeader(b []byte, h *nprdma.Header) []byte {
+func appendHeader(b []byte, h *link.Header) []byte {
 	var t, flags byte
 	var aux uint16
 	switch h.Kind {
-	case nprdma.PacketSend:
+	case link.PacketSend:
 		t = frameSend
-	case nprdma.PacketWrite:
+	case link.PacketWrite:
 		t = frameWrite
-	case nprdma.PacketReadRequest:
+	case link.PacketReadRequest:
 		t = frameReadReq
-	case nprdma.PacketReadResponse:
+	case link.PacketReadResponse:
 		t = frameReadResp
 		if h.Fill {
 			t = frameReadFill
@@ -90,12 +90,12 @@ func appendHeader(b []byte, h *nprdma.Header) []byte {
 		if h.Last {
 			flags |= flagLast
 		}
-	case nprdma.PacketAck:
+	case link.PacketAck:
 		t = frameAck
-	case nprdma.PacketNak:
+	case link.PacketNak:
 		t = frameNak
 		aux = uint16(h.Syndrome)
-	case nprdma.PacketDisconnect:
+	case link.PacketDisconnect:
 		t = frameDisconnect
 	default:
 		panic("tcp: encoding packet kind " + h.Kind.String())
@@ -163,13 +163,13 @@ func padFor(pos, want int) int {
 
 // payloadOffset is the length of h's encoded header: where its payload
 // starts.
-func payloadOffset(h *nprdma.Header) int {
+func payloadOffset(h *link.Header) int {
 	switch h.Kind {
-	case nprdma.PacketSend:
+	case link.PacketSend:
 		return headerLens[frameSend]
-	case nprdma.PacketWrite:
+	case link.PacketWrite:
 		return headerLens[frameWrite]
-	case nprdma.PacketReadResponse:
+	case link.PacketReadResponse:
 		if h.Fill {
 			return headerLens[frameReadFill]
 		}
@@ -210,8 +210,8 @@ func parsePad(b []byte) (int, error) {
 // parseHeader decodes the data-path frame header at the start of b into h
 // and returns its length. It returns errShort when b holds less than the
 // header, and an errFrame error for anything malformed, including a length
-// beyond nprdma.MaxMessageSize: nothing is allocated on a peer's say-so.
-func parseHeader(b []byte, h *nprdma.Header) (int, error) {
+// beyond link.MaxMessageSize: nothing is allocated on a peer's say-so.
+func parseHeader(b []byte, h *link.Header) (int, error) {
 	if len(b) < 1 {
 		return 0, errShort
 	}
@@ -225,7 +225,7 @@ func parseHeader(b []byte, h *nprdma.Header) (int, error) {
 	}
 	le := binary.LittleEndian
 	flags, aux, seq := b[1], le.Uint16(b[2:]), le.Uint32(b[4:])
-	*h = nprdma.Header{Seq: seq}
+	*h = link.Header{Seq: seq}
 	allowed := byte(0)
 	switch t {
 	case frameSend, frameWrite:
@@ -243,31 +243,31 @@ func parseHeader(b []byte, h *nprdma.Header) (int, error) {
 	}
 	switch t {
 	case frameSend:
-		h.Kind, h.Len, h.Imm = nprdma.PacketSend, le.Uint32(b[8:]), le.Uint32(b[12:])
+		h.Kind, h.Len, h.Imm = link.PacketSend, le.Uint32(b[8:]), le.Uint32(b[12:])
 		h.HasImm = flags&flagImm != 0
 	case frameWrite:
-		h.Kind, h.Len, h.RKey, h.Addr, h.Imm = nprdma.PacketWrite, le.Uint32(b[8:]), le.Uint32(b[12:]), le.Uint64(b[16:]), le.Uint32(b[24:])
+		h.Kind, h.Len, h.RKey, h.Addr, h.Imm = link.PacketWrite, le.Uint32(b[8:]), le.Uint32(b[12:]), le.Uint64(b[16:]), le.Uint32(b[24:])
 		h.HasImm = flags&flagImm != 0
 	case frameReadReq:
-		h.Kind, h.Len, h.RKey, h.Addr = nprdma.PacketReadRequest, le.Uint32(b[8:]), le.Uint32(b[12:]), le.Uint64(b[16:])
+		h.Kind, h.Len, h.RKey, h.Addr = link.PacketReadRequest, le.Uint32(b[8:]), le.Uint32(b[12:]), le.Uint64(b[16:])
 	case frameReadResp, frameReadFill:
-		h.Kind, h.Len, h.Offset = nprdma.PacketReadResponse, le.Uint32(b[8:]), le.Uint32(b[12:])
+		h.Kind, h.Len, h.Offset = link.PacketReadResponse, le.Uint32(b[8:]), le.Uint32(b[12:])
 		h.Last = flags&flagLast != 0
 		if t == frameReadFill {
 			h.Fill, h.Pattern = true, le.Uint64(b[16:])
 		}
-		if uint64(h.Offset)+uint64(h.Len) > nprdma.MaxMessageSize {
-			return 0, malformed("READ response segment [%d, +%d) beyond %d bytes", h.Offset, h.Len, nprdma.MaxMessageSize)
+		if uint64(h.Offset)+uint64(h.Len) > link.MaxMessageSize {
+			return 0, malformed("READ response segment [%d, +%d) beyond %d bytes", h.Offset, h.Len, link.MaxMessageSize)
 		}
 	case frameAck:
-		h.Kind = nprdma.PacketAck
+		h.Kind = link.PacketAck
 	case frameNak:
-		h.Kind, h.Syndrome = nprdma.PacketNak, nprdma.Syndrome(aux&0xff)
-		if aux>>8 != 0 || h.Syndrome < nprdma.NakRNR || h.Syndrome > nprdma.NakRemoteOperation {
+		h.Kind, h.Syndrome = link.PacketNak, link.Syndrome(aux&0xff)
+		if aux>>8 != 0 || h.Syndrome < link.NakRNR || h.Syndrome > link.NakRemoteOperation {
 			return 0, malformed("NAK with syndrome field %#x", aux)
 		}
 	case frameDisconnect:
-		h.Kind = nprdma.PacketDisconnect
+		h.Kind = link.PacketDisconnect
 	}
 	if t == frameSend || t == frameWrite || t == frameReadReq {
 		// The acknowledgement is a request's last field; without the flag it
@@ -277,8 +277,8 @@ func parseHeader(b []byte, h *nprdma.Header) (int, error) {
 			return 0, malformed("frame type %d with acknowledgement %d but no ACK flag", t, h.Ack)
 		}
 	}
-	if (t == frameSend || t == frameWrite) && h.Len > nprdma.MaxMessageSize {
-		return 0, malformed("%s of %d bytes beyond %d", h.Kind, h.Len, nprdma.MaxMessageSize)
+	if (t == frameSend || t == frameWrite) && h.Len > link.MaxMessageSize {
+		return 0, malformed("%s of %d bytes beyond %d", h.Kind, h.Len, link.MaxMessageSize)
 	}
 	return n, nil
 }
@@ -315,7 +315,7 @@ func appendCM(b []byte, f cmFrame) []byte {
 
 // parseCM decodes the connection-manager frame at the start of b, which
 // must be of one of the types in want. It returns errShort while b holds
-// less than the whole frame; private data beyond nprdma.MaxPrivateData is
+// less than the whole frame; private data beyond link.MaxPrivateData is
 // refused before it is read.
 func parseCM(b []byte, want ...byte) (cmFrame, int, error) {
 	if len(b) < 1 {
@@ -361,8 +361,8 @@ func parseCM(b []byte, want ...byte) (cmFrame, int, error) {
 			return cmFrame{}, 0, malformed("reject with reserved bits")
 		}
 	}
-	if pdlen > nprdma.MaxPrivateData {
-		return cmFrame{}, 0, malformed("%d bytes of private data, at most %d", pdlen, nprdma.MaxPrivateData)
+	if pdlen > link.MaxPrivateData {
+		return cmFrame{}, 0, malformed("%d bytes of private data, at most %d", pdlen, link.MaxPrivateData)
 	}
 	if len(b) < n+pdlen {
 		return cmFrame{}, 0, errShort

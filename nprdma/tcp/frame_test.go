@@ -7,25 +7,25 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // samplePackets has one header of every data-path frame type.
-func samplePackets() []nprdma.Header {
-	return []nprdma.Header{
-		{Kind: nprdma.PacketSend, Seq: 1, Len: 5},
-		{Kind: nprdma.PacketSend, Seq: 2, Len: 3, HasImm: true, Imm: 0xdeadbeef},
-		{Kind: nprdma.PacketSend, Seq: 3, Len: 7, HasAck: true, Ack: 0xfffffffe},
-		{Kind: nprdma.PacketWrite, Seq: 3, Len: 4, RKey: 0x1234, Addr: 0x7f0000001000},
-		{Kind: nprdma.PacketWrite, Seq: 4, Len: 2, RKey: 7, Addr: 9, HasImm: true, Imm: 42, HasAck: true, Ack: 0},
-		{Kind: nprdma.PacketReadRequest, Seq: 5, Len: 4096, RKey: 0xabcdef, Addr: 0x1000},
-		{Kind: nprdma.PacketReadRequest, Seq: 6, Len: 8, RKey: 1, Addr: 0x2000, HasAck: true, Ack: 77},
-		{Kind: nprdma.PacketReadResponse, Seq: 5, Len: 6, Offset: 0},
-		{Kind: nprdma.PacketReadResponse, Seq: 5, Len: 4090, Offset: 6, Fill: true, Pattern: 0x0102030405060708, Last: true},
-		{Kind: nprdma.PacketAck, Seq: 4},
-		{Kind: nprdma.PacketNak, Seq: 6, Syndrome: nprdma.NakRNR},
-		{Kind: nprdma.PacketNak, Seq: 6, Syndrome: nprdma.NakRemoteOperation},
-		{Kind: nprdma.PacketDisconnect},
+func samplePackets() []link.Header {
+	return []link.Header{
+		{Kind: link.PacketSend, Seq: 1, Len: 5},
+		{Kind: link.PacketSend, Seq: 2, Len: 3, HasImm: true, Imm: 0xdeadbeef},
+		{Kind: link.PacketSend, Seq: 3, Len: 7, HasAck: true, Ack: 0xfffffffe},
+		{Kind: link.PacketWrite, Seq: 3, Len: 4, RKey: 0x1234, Addr: 0x7f0000001000},
+		{Kind: link.PacketWrite, Seq: 4, Len: 2, RKey: 7, Addr: 9, HasImm: true, Imm: 42, HasAck: true, Ack: 0},
+		{Kind: link.PacketReadRequest, Seq: 5, Len: 4096, RKey: 0xabcdef, Addr: 0x1000},
+		{Kind: link.PacketReadRequest, Seq: 6, Len: 8, RKey: 1, Addr: 0x2000, HasAck: true, Ack: 77},
+		{Kind: link.PacketReadResponse, Seq: 5, Len: 6, Offset: 0},
+		{Kind: link.PacketReadResponse, Seq: 5, Len: 4090, Offset: 6, Fill: true, Pattern: 0x0102030405060708, Last: true},
+		{Kind: link.PacketAck, Seq: 4},
+		{Kind: link.PacketNak, Seq: 6, Syndrome: link.NakRNR},
+		{Kind: link.PacketNak, Seq: 6, Syndrome: link.NakRemoteOperation},
+		{Kind: link.PacketDisconnect},
 	}
 }
 
@@ -35,7 +35,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		if len(b) != headerLen(b[0]) {
 			t.Fatalf("%s: encoded %d bytes, header length %d", want.Kind, len(b), headerLen(b[0]))
 		}
-		var got nprdma.Header
+		var got link.Header
 		n, err := parseHeader(b, &got)
 		if err != nil || n != len(b) {
 			t.Fatalf("%s: parse: n=%d err=%v", want.Kind, n, err)
@@ -52,13 +52,13 @@ func TestFrameRoundTrip(t *testing.T) {
 }
 
 func TestFrameRefusesLies(t *testing.T) {
-	huge := nprdma.Header{Kind: nprdma.PacketSend, Seq: 1, Len: 0xffffffff}
+	huge := link.Header{Kind: link.PacketSend, Seq: 1, Len: 0xffffffff}
 	b := appendHeader(nil, &huge)
-	var h nprdma.Header
+	var h link.Header
 	if _, err := parseHeader(b, &h); !errors.Is(err, errFrame) {
 		t.Fatalf("SEND claiming 4 GiB: %v, want a malformed-frame error", err)
 	}
-	seg := nprdma.Header{Kind: nprdma.PacketReadResponse, Len: 16, Offset: nprdma.MaxMessageSize - 8}
+	seg := link.Header{Kind: link.PacketReadResponse, Len: 16, Offset: link.MaxMessageSize - 8}
 	if _, err := parseHeader(appendHeader(nil, &seg), &h); !errors.Is(err, errFrame) {
 		t.Fatalf("READ response segment beyond the limit: %v", err)
 	}
@@ -86,7 +86,7 @@ func TestHandshakeFrames(t *testing.T) {
 	for _, f := range []cmFrame{
 		{typ: frameConnect, qpn: 7, privateData: []byte("hello")},
 		{typ: frameAccept, qpn: 9, privateData: []byte{}},
-		{typ: frameReject, privateData: bytes.Repeat([]byte{1}, nprdma.MaxPrivateData)},
+		{typ: frameReject, privateData: bytes.Repeat([]byte{1}, link.MaxPrivateData)},
 	} {
 		b := appendCM(nil, f)
 		got, n, err := parseCM(b, frameConnect, frameAccept, frameReject)
@@ -97,7 +97,7 @@ func TestHandshakeFrames(t *testing.T) {
 			t.Fatalf("cut frame: %v", err)
 		}
 	}
-	tooMuch := appendCM(nil, cmFrame{typ: frameReject, privateData: make([]byte, nprdma.MaxPrivateData+1)})
+	tooMuch := appendCM(nil, cmFrame{typ: frameReject, privateData: make([]byte, link.MaxPrivateData+1)})
 	if _, _, err := parseCM(tooMuch[:12], frameReject); !errors.Is(err, errFrame) {
 		t.Fatalf("oversized private data refused only after reading it: %v", err)
 	}
@@ -132,7 +132,7 @@ func TestPadFrames(t *testing.T) {
 			if err != nil || prefixLen+n != k {
 				t.Fatalf("PAD of %d bytes parsed as %d more, %v", k, n, err)
 			}
-			var h nprdma.Header
+			var h link.Header
 			if _, err := parseHeader(b, &h); !errors.Is(err, errFrame) {
 				t.Fatalf("PAD accepted as a packet: %v", err)
 			}
@@ -160,11 +160,11 @@ func TestBatchPadding(t *testing.T) {
 	for i := range mem {
 		mem[i] = byte(i)
 	}
-	l := &link{pend: new(wbatch)}
-	small := nprdma.Packet{Header: nprdma.Header{Kind: nprdma.PacketSend, Seq: 1, Len: 10}, Data: [][]byte{mem[:10]}}
+	l := &tcpLink{pend: new(wbatch)}
+	small := link.Packet{Header: link.Header{Kind: link.PacketSend, Seq: 1, Len: 10}, Data: [][]byte{mem[:10]}}
 	src := mem[alignTo+5 : alignTo+5+4096] // source at 5 mod 64
-	large := nprdma.Packet{Header: nprdma.Header{Kind: nprdma.PacketWrite, Seq: 2, Len: 4096, RKey: 1, Addr: 0x1000}, Data: [][]byte{src}}
-	l.Send([]nprdma.Packet{small, large})
+	large := link.Packet{Header: link.Header{Kind: link.PacketWrite, Seq: 2, Len: 4096, RKey: 1, Addr: 0x1000}, Data: [][]byte{src}}
+	l.Send([]link.Packet{small, large})
 	b := l.pend
 	b.pad(0)
 	var stream []byte
@@ -182,9 +182,9 @@ func TestBatchPadding(t *testing.T) {
 		t.Fatalf("batch of %d bytes (size %d), want a multiple of %d", len(stream), b.size, alignTo)
 	}
 	// Read back through the real reader: the two packets, nothing else.
-	var got []nprdma.Header
+	var got []link.Header
 	var payloads [][]byte
-	rx := &recordingReceiver{deliver: func(h *nprdma.Header, p nprdma.Payload) error {
+	rx := &recordingReceiver{deliver: func(h *link.Header, p link.Payload) error {
 		buf := make([]byte, h.PayloadLen())
 		if err := p.Read(buf); err != nil {
 			return err
@@ -192,7 +192,7 @@ func TestBatchPadding(t *testing.T) {
 		got, payloads = append(got, *h), append(payloads, buf)
 		return nil
 	}}
-	rl := &link{prov: New(), rd: newReader(bytes.NewReader(stream), 4096), rx: rx, abortCh: make(chan struct{})}
+	rl := &tcpLink{prov: New(), rd: newReader(bytes.NewReader(stream), 4096), rx: rx, abortCh: make(chan struct{})}
 	if err := rl.readFrames(); err != io.EOF {
 		t.Fatalf("reading the batch: %v", err)
 	}
@@ -202,9 +202,9 @@ func TestBatchPadding(t *testing.T) {
 }
 
 type recordingReceiver struct {
-	deliver func(*nprdma.Header, nprdma.Payload) error
+	deliver func(*link.Header, link.Payload) error
 }
 
-func (r *recordingReceiver) Deliver(h *nprdma.Header, p nprdma.Payload) error { return r.deliver(h, p) }
-func (r *recordingReceiver) Idle()                                            {}
-func (r *recordingReceiver) LinkDown(error)                                   {}
+func (r *recordingReceiver) Deliver(h *link.Header, p link.Payload) error { return r.deliver(h, p) }
+func (r *recordingReceiver) Idle()                                        {}
+func (r *recordingReceiver) LinkDown(error)                               {}

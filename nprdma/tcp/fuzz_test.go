@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // stubProvider connects queue pairs to a link that goes nowhere, so that a
@@ -22,17 +23,17 @@ import (
 type stubProvider struct{}
 
 func (stubProvider) Name() string { return "stub" }
-func (stubProvider) Listen(string) (nprdma.LinkListener, error) {
+func (stubProvider) Listen(string) (link.Listener, error) {
 	return nil, errors.New("stub: no listening")
 }
-func (stubProvider) Dial(context.Context, string, nprdma.Hello) (nprdma.Link, nprdma.Hello, error) {
-	return stubLink{}, nprdma.Hello{QPNum: 1}, nil
+func (stubProvider) Dial(context.Context, string, link.Hello) (link.Link, link.Hello, error) {
+	return stubLink{}, link.Hello{QPNum: 1}, nil
 }
 
 type stubLink struct{}
 
-func (stubLink) Start(nprdma.Receiver) {}
-func (stubLink) Send(pkts []nprdma.Packet) {
+func (stubLink) Start(link.Receiver) {}
+func (stubLink) Send(pkts []link.Packet) {
 	for i := range pkts {
 		if pkts[i].Buf != nil {
 			pkts[i].Buf.Release()
@@ -56,7 +57,7 @@ func frameSeeds() [][]byte {
 		all = append(all, b...)
 	}
 	seeds = append(seeds, all)
-	enc := func(hs ...nprdma.Header) []byte {
+	enc := func(hs ...link.Header) []byte {
 		var b []byte
 		for _, h := range hs {
 			b = appendHeader(b, &h)
@@ -65,25 +66,25 @@ func frameSeeds() [][]byte {
 		return b
 	}
 	seeds = append(seeds,
-		enc(nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 4096, Last: true}, nprdma.Header{Kind: nprdma.PacketAck, Seq: 2}),
-		enc(nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 100},
-			nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Offset: 100, Len: 3996, Fill: true, Pattern: 0x1122334455667788, Last: true},
-			nprdma.Header{Kind: nprdma.PacketNak, Seq: 1, Syndrome: nprdma.NakRNR}),
-		enc(nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 4096, Last: true}, nprdma.Header{Kind: nprdma.PacketNak, Seq: 2, Syndrome: nprdma.NakRemoteAccess}),
-		enc(nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 64}, nprdma.Header{Kind: nprdma.PacketSend, Seq: 1, Len: 10, HasImm: true, Imm: 3},
-			nprdma.Header{Kind: nprdma.PacketReadRequest, Seq: 2, Len: 64, RKey: 1, Addr: 0}, nprdma.Header{Kind: nprdma.PacketWrite, Seq: 3, Len: 8, RKey: 1}),
-		enc(nprdma.Header{Kind: nprdma.PacketAck, Seq: 7}),
+		enc(link.Header{Kind: link.PacketReadResponse, Seq: 0, Len: 4096, Last: true}, link.Header{Kind: link.PacketAck, Seq: 2}),
+		enc(link.Header{Kind: link.PacketReadResponse, Seq: 0, Len: 100},
+			link.Header{Kind: link.PacketReadResponse, Seq: 0, Offset: 100, Len: 3996, Fill: true, Pattern: 0x1122334455667788, Last: true},
+			link.Header{Kind: link.PacketNak, Seq: 1, Syndrome: link.NakRNR}),
+		enc(link.Header{Kind: link.PacketReadResponse, Seq: 0, Len: 4096, Last: true}, link.Header{Kind: link.PacketNak, Seq: 2, Syndrome: link.NakRemoteAccess}),
+		enc(link.Header{Kind: link.PacketSend, Seq: 0, Len: 64}, link.Header{Kind: link.PacketSend, Seq: 1, Len: 10, HasImm: true, Imm: 3},
+			link.Header{Kind: link.PacketReadRequest, Seq: 2, Len: 64, RKey: 1, Addr: 0}, link.Header{Kind: link.PacketWrite, Seq: 3, Len: 8, RKey: 1}),
+		enc(link.Header{Kind: link.PacketAck, Seq: 7}),
 		// Piggybacked acknowledgements: valid, stale, before the READ's
 		// data, beyond what was sent.
-		enc(nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 4096, Last: true},
-			nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 2}),
-		enc(nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 4096, Last: true}, nprdma.Header{Kind: nprdma.PacketAck, Seq: 2},
-			nprdma.Header{Kind: nprdma.PacketReadRequest, Seq: 0, Len: 8, RKey: 1, HasAck: true, Ack: 1}),
-		enc(nprdma.Header{Kind: nprdma.PacketWrite, Seq: 0, Len: 8, RKey: 1, HasAck: true, Ack: 0}),
-		enc(nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 4096, Last: true},
-			nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 5}),
-		enc(nprdma.Header{Kind: nprdma.PacketDisconnect}),
-		append(appendHeader(nil, &nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 1 << 20}), 1, 2, 3), // payload cut short
+		enc(link.Header{Kind: link.PacketReadResponse, Seq: 0, Len: 4096, Last: true},
+			link.Header{Kind: link.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 2}),
+		enc(link.Header{Kind: link.PacketReadResponse, Seq: 0, Len: 4096, Last: true}, link.Header{Kind: link.PacketAck, Seq: 2},
+			link.Header{Kind: link.PacketReadRequest, Seq: 0, Len: 8, RKey: 1, HasAck: true, Ack: 1}),
+		enc(link.Header{Kind: link.PacketWrite, Seq: 0, Len: 8, RKey: 1, HasAck: true, Ack: 0}),
+		enc(link.Header{Kind: link.PacketReadResponse, Seq: 0, Len: 4096, Last: true},
+			link.Header{Kind: link.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 5}),
+		enc(link.Header{Kind: link.PacketDisconnect}),
+		append(appendHeader(nil, &link.Header{Kind: link.PacketSend, Seq: 0, Len: 1 << 20}), 1, 2, 3), // payload cut short
 	)
 	return seeds
 }
@@ -106,7 +107,7 @@ func feedPeer(t *testing.T, data []byte) ([]nprdma.WC, error) {
 		nprdma.SendWR{ID: 10, Op: nprdma.OpRead, SG: []nprdma.SGE{mr.SGE(8192, 4096)}, RemoteAddr: 0x1000, RKey: 5, Signaled: true},
 		nprdma.SendWR{ID: 11, Op: nprdma.OpSend, SG: []nprdma.SGE{mr.SGE(0, 100)}, Signaled: true},
 		nprdma.SendWR{ID: 12, Op: nprdma.OpWrite, SG: []nprdma.SGE{mr.SGE(0, 100)}, RemoteAddr: 0x1000, RKey: 5})
-	readToEnd(t, &link{prov: New(), rd: newReader(bytes.NewReader(data), 4096), rx: qp, abortCh: make(chan struct{})}, qp)
+	readToEnd(t, &tcpLink{prov: New(), rd: newReader(bytes.NewReader(data), 4096), rx: qp.Driver().(link.Receiver), abortCh: make(chan struct{})}, qp)
 	return completedOnce(t, cq, 1, 2, 10, 11), qp.Err()
 }
 
@@ -130,14 +131,15 @@ func stubPeer(t *testing.T, buf []byte) (*nprdma.QP, *nprdma.CQ, *nprdma.MR) {
 
 // readToEnd reads l's stream, finite, to its end, and takes qp down with
 // the error that ended it.
-func readToEnd(t *testing.T, l *link, qp *nprdma.QP) {
+func readToEnd(t *testing.T, l *tcpLink, qp *nprdma.QP) {
 	err := l.readFrames()
+	rx := qp.Driver().(link.Receiver)
 	if err == nil {
-		qp.LinkDown(errors.New("test: the stream ended"))
+		rx.LinkDown(errors.New("test: the stream ended"))
 		qp.Close()
 		t.Fatal("reading a finite stream ended without an error")
 	}
-	qp.LinkDown(err)
+	rx.LinkDown(err)
 	qp.Close()
 }
 
@@ -165,13 +167,13 @@ func FuzzFrameDecoder(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		var h nprdma.Header
+		var h link.Header
 		if n, err := parseHeader(data, &h); err == nil {
 			// Decoding is canonical: encoding the header gives the bytes back.
 			if again := appendHeader(nil, &h); !bytes.Equal(again, data[:n]) {
 				t.Fatalf("header %+v re-encodes as %x, was %x", h, again, data[:n])
 			}
-			if h.PayloadLen() > nprdma.MaxMessageSize {
+			if h.PayloadLen() > link.MaxMessageSize {
 				t.Fatalf("accepted a %d-byte payload", h.PayloadLen())
 			}
 		} else if !errors.Is(err, errShort) && !errors.Is(err, errFrame) {
@@ -186,8 +188,8 @@ func handshakeSeeds() [][]byte {
 		appendCM(nil, cmFrame{typ: frameConnect, qpn: 3, privateData: []byte("nvme queue 0")}),
 		appendCM(nil, cmFrame{typ: frameAccept, qpn: 4, privateData: []byte{1, 2}}),
 		appendCM(nil, cmFrame{typ: frameReject, privateData: []byte("denied")}),
-		appendCM(nil, cmFrame{typ: frameReject, privateData: make([]byte, nprdma.MaxPrivateData)}),
-		append(appendCM(nil, cmFrame{typ: frameAccept, qpn: 1}), appendHeader(nil, &nprdma.Header{Kind: nprdma.PacketAck})...),
+		appendCM(nil, cmFrame{typ: frameReject, privateData: make([]byte, link.MaxPrivateData)}),
+		append(appendCM(nil, cmFrame{typ: frameAccept, qpn: 1}), appendHeader(nil, &link.Header{Kind: link.PacketAck})...),
 	}
 }
 
@@ -198,7 +200,7 @@ func FuzzHandshake(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fr, n, parseErr := parseCM(data, frameConnect, frameAccept, frameReject)
 		if parseErr == nil {
-			if len(fr.privateData) > nprdma.MaxPrivateData {
+			if len(fr.privateData) > link.MaxPrivateData {
 				t.Fatalf("accepted %d bytes of private data", len(fr.privateData))
 			}
 			if again := appendCM(nil, fr); !bytes.Equal(again, data[:n]) {
@@ -210,7 +212,7 @@ func FuzzHandshake(f *testing.F) {
 		// The reader the handshake uses ends with a frame or an error, with
 		// the smallest read buffer a provider allows and with one too small
 		// for the frame (which once spun for ever).
-		for _, size := range []int{2*maxHeaderLen + nprdma.MaxPrivateData, 64} {
+		for _, size := range []int{2*maxHeaderLen + link.MaxPrivateData, 64} {
 			rd := newReader(bytes.NewReader(data), size)
 			got, err := readCM(rd, frameConnect)
 			if err == nil && data[0] != frameConnect {
@@ -250,7 +252,7 @@ func TestWriteSeedCorpus(t *testing.T) {
 // TestPiggybackedAckValidation feeds a queue pair (READ 0, SEND 1 signaled,
 // WRITE 2 posted) requests from the peer that carry acknowledgements.
 func TestPiggybackedAckValidation(t *testing.T) {
-	enc := func(hs ...nprdma.Header) []byte {
+	enc := func(hs ...link.Header) []byte {
 		var b []byte
 		for _, h := range hs {
 			b = appendHeader(b, &h)
@@ -258,7 +260,7 @@ func TestPiggybackedAckValidation(t *testing.T) {
 		}
 		return b
 	}
-	readResp := nprdma.Header{Kind: nprdma.PacketReadResponse, Seq: 0, Len: 4096, Last: true}
+	readResp := link.Header{Kind: link.PacketReadResponse, Seq: 0, Len: 4096, Last: true}
 	status := func(wcs []nprdma.WC, id uint64) nprdma.Status {
 		for _, wc := range wcs {
 			if wc.ID == id {
@@ -270,25 +272,25 @@ func TestPiggybackedAckValidation(t *testing.T) {
 	}
 	// Valid: the SEND from the peer acknowledges our SEND and WRITE, and
 	// is received.
-	wcs, err := feedPeer(t, enc(readResp, nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 2}))
-	if !errors.Is(err, nprdma.ErrPeerLost) || status(wcs, 11) != nprdma.StatusSuccess || status(wcs, 1) != nprdma.StatusSuccess {
+	wcs, err := feedPeer(t, enc(readResp, link.Header{Kind: link.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 2}))
+	if !errors.Is(err, link.ErrPeerLost) || status(wcs, 11) != nprdma.StatusSuccess || status(wcs, 1) != nprdma.StatusSuccess {
 		t.Fatalf("valid piggybacked ACK: error %v, completions %+v", err, wcs)
 	}
 	// Stale: an ACK packet acknowledged everything already; the older
 	// acknowledgement a later request carries changes nothing.
-	wcs, err = feedPeer(t, enc(readResp, nprdma.Header{Kind: nprdma.PacketAck, Seq: 2},
-		nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 1}))
-	if !errors.Is(err, nprdma.ErrPeerLost) || status(wcs, 11) != nprdma.StatusSuccess || status(wcs, 1) != nprdma.StatusSuccess {
+	wcs, err = feedPeer(t, enc(readResp, link.Header{Kind: link.PacketAck, Seq: 2},
+		link.Header{Kind: link.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 1}))
+	if !errors.Is(err, link.ErrPeerLost) || status(wcs, 11) != nprdma.StatusSuccess || status(wcs, 1) != nprdma.StatusSuccess {
 		t.Fatalf("stale piggybacked ACK: error %v, completions %+v", err, wcs)
 	}
 	// Acknowledging the READ before its data, or a request never sent,
 	// breaks the protocol.
 	for name, stream := range map[string][]byte{
-		"READ without its data": enc(nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 0}),
-		"beyond what was sent":  enc(readResp, nprdma.Header{Kind: nprdma.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 5}),
+		"READ without its data": enc(link.Header{Kind: link.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 0}),
+		"beyond what was sent":  enc(readResp, link.Header{Kind: link.PacketSend, Seq: 0, Len: 8, HasAck: true, Ack: 5}),
 	} {
 		wcs, err := feedPeer(t, stream)
-		if !errors.Is(err, nprdma.ErrProtocol) || status(wcs, 1) != nprdma.StatusWRFlushed {
+		if !errors.Is(err, link.ErrProtocol) || status(wcs, 1) != nprdma.StatusWRFlushed {
 			t.Fatalf("%s: error %v, completions %+v", name, err, wcs)
 		}
 	}
@@ -365,8 +367,8 @@ func guessPeer(t *testing.T, sizes []int, data []byte) guessRun {
 		nprdma.SendWR{ID: 11, Op: nprdma.OpRead, SG: []nprdma.SGE{mr.SGE(guessRead2a, 16<<10), mr.SGE(guessRead2b, 32<<10)},
 			RemoteAddr: guessRead2Src, RKey: 5, Signaled: true})
 	src := &arrivalSource{data: data, arrivals: sizes}
-	l := &link{prov: New(), rd: newReader(src, 64<<10), rx: qp, abortCh: make(chan struct{})}
-	l.exp.ex = qp
+	l := &tcpLink{prov: New(), rd: newReader(src, 64<<10), rx: qp.Driver().(link.Receiver), abortCh: make(chan struct{})}
+	l.exp.ex = qp.Driver().(link.PayloadExpecter)
 	readToEnd(t, l, qp)
 	for _, c := range guessCanaries {
 		for i := c[0]; i < c[1]; i++ {
@@ -421,7 +423,7 @@ func guessStream(prog []byte) (data []byte, sizes []int) {
 			f := take(2)
 			n, off := u16()*64, u16()*64
 			flags, src := take(1)[0], take(1)[0]
-			h := nprdma.Header{Kind: nprdma.PacketSend + nprdma.PacketKind(f[0]%7), Seq: uint32(f[1]), Len: uint32(n), Offset: uint32(off),
+			h := link.Header{Kind: link.PacketSend + link.PacketKind(f[0]%7), Seq: uint32(f[1]), Len: uint32(n), Offset: uint32(off),
 				Last: flags&1 != 0, Fill: flags&2 != 0}
 			data = append(data, w.frame(&h, uint64(src), guessPattern(n, op))...)
 		case 2:
@@ -442,8 +444,8 @@ func guessStream(prog []byte) (data []byte, sizes []int) {
 // guessProgram is guessStream's inverse for well-formed frames, for seeds.
 type guessProgram []byte
 
-func (p guessProgram) frame(kind nprdma.PacketKind, seq uint32, n int, src uint64) guessProgram {
-	p = append(p, 1, byte(kind-nprdma.PacketSend), byte(seq))
+func (p guessProgram) frame(kind link.PacketKind, seq uint32, n int, src uint64) guessProgram {
+	p = append(p, 1, byte(kind-link.PacketSend), byte(seq))
 	p = binary.LittleEndian.AppendUint16(p, uint16(n/64))
 	p = binary.LittleEndian.AppendUint16(p, 0)
 	return append(p, 1, byte(src))
@@ -458,14 +460,14 @@ func (p guessProgram) end() guessProgram { return append(p, 0x80|3) }
 // swapped, a corrupted header, a short SEND, and a stream cut short.
 func guessSeeds() map[string]guessProgram {
 	r1 := func(p guessProgram) guessProgram {
-		return p.frame(nprdma.PacketReadResponse, 0, guessRead1Len, guessRead1Src).end()
+		return p.frame(link.PacketReadResponse, 0, guessRead1Len, guessRead1Src).end()
 	}
 	r2 := func(p guessProgram) guessProgram {
-		return p.frame(nprdma.PacketReadResponse, 1, guessRead2Len, guessRead2Src).end()
+		return p.frame(link.PacketReadResponse, 1, guessRead2Len, guessRead2Src).end()
 	}
-	s0 := func(p guessProgram) guessProgram { return p.frame(nprdma.PacketSend, 0, guessRecvLen, 0).end() }
-	s1 := func(p guessProgram) guessProgram { return p.frame(nprdma.PacketSend, 1, guessRecvLen, 0).end() }
-	short := func(p guessProgram) guessProgram { return p.frame(nprdma.PacketSend, 0, 2048, 0).end() }
+	s0 := func(p guessProgram) guessProgram { return p.frame(link.PacketSend, 0, guessRecvLen, 0).end() }
+	s1 := func(p guessProgram) guessProgram { return p.frame(link.PacketSend, 1, guessRecvLen, 0).end() }
+	short := func(p guessProgram) guessProgram { return p.frame(link.PacketSend, 0, 2048, 0).end() }
 	build := func(steps ...func(guessProgram) guessProgram) guessProgram {
 		var p guessProgram
 		for _, s := range steps {
@@ -481,7 +483,7 @@ func guessSeeds() map[string]guessProgram {
 		// Garbage where the first response should be: the link dies.
 		"garbage": build(func(p guessProgram) guessProgram { return append(p, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8) }, r1, r2, s0, s1),
 		// The stream ends in the middle of a SEND's header.
-		"cut short": build(r1, r2, func(p guessProgram) guessProgram { return append(p, 0, 3, byte(nprdma.PacketSend), 0, 0) }),
+		"cut short": build(r1, r2, func(p guessProgram) guessProgram { return append(p, 0, 3, byte(link.PacketSend), 0, 0) }),
 	}
 }
 

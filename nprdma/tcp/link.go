@@ -10,9 +10,9 @@ import (
 	"syscall"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/nprdma/nprdma/nprdma/link"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"golang.org/x/sys/unix"
 )
 
 // link is one queue pair's TCP connection.
@@ -28,13 +28,13 @@ import (
 // queue pair, the link's reader goroutine or a waiter that drives the link
 // (receive.go); payloads are read straight into their destination
 // (registered memory).
-type link struct {
+type tcpLink struct {
 	prov *Provider
 	nc   *net.TCPConn
 	rc   syscall.RawConn
 	rd   *reader
 	cr   *connReader // rd's source
-	rx   nprdma.Receiver
+	rx   link.Receiver
 	rcv  rxState
 	intr interrupter
 
@@ -66,7 +66,7 @@ type wseg struct {
 type wbatch struct {
 	hdr  []byte
 	segs []wseg
-	rels []nprdma.Releaser
+	rels []link.Releaser
 	size int // bytes queued
 	// write position
 	seg, segOff int
@@ -109,7 +109,7 @@ func (b *wbatch) drop() {
 	b.reset()
 }
 
-func newLink(p *Provider, nc *net.TCPConn, rd *reader) (*link, error) {
+func newLink(p *Provider, nc *net.TCPConn, rd *reader) (*tcpLink, error) {
 	rc, err := nc.SyscallConn()
 	if err != nil {
 		return nil, err
@@ -118,7 +118,7 @@ func newLink(p *Provider, nc *net.TCPConn, rd *reader) (*link, error) {
 	if p.socketReceiveBuffer > 0 {
 		nc.SetReadBuffer(p.socketReceiveBuffer)
 	}
-	l := &link{prov: p, nc: nc, rc: rc, rd: rd, iov: make([]unix.Iovec, 0, 64), abortCh: make(chan struct{}), pend: new(wbatch), spare: new(wbatch)}
+	l := &tcpLink{prov: p, nc: nc, rc: rc, rd: rd, iov: make([]unix.Iovec, 0, 64), abortCh: make(chan struct{}), pend: new(wbatch), spare: new(wbatch)}
 	l.writeFn = l.writeSocket
 	l.rcv.wake = make(chan struct{}, 1)
 	l.cr = &connReader{nc: nc, rx: &l.rcv, stalled: p.stalledFrame}
@@ -133,18 +133,18 @@ func newLink(p *Provider, nc *net.TCPConn, rd *reader) (*link, error) {
 	return l, nil
 }
 
-// Start implements nprdma.Link.
-func (l *link) Start(r nprdma.Receiver) {
+// Start implements link.Link.
+func (l *tcpLink) Start(r link.Receiver) {
 	l.startOnce.Do(func() {
 		l.rx = r
-		l.exp.ex, _ = r.(nprdma.PayloadExpecter)
+		l.exp.ex, _ = r.(link.PayloadExpecter)
 		go l.readLoop()
 	})
 }
 
-// Send implements nprdma.Link: it encodes the headers and queues the
+// Send implements link.Link: it encodes the headers and queues the
 // payload slices, without copying them.
-func (l *link) Send(pkts []nprdma.Packet) {
+func (l *tcpLink) Send(pkts []link.Packet) {
 	l.wmu.Lock()
 	if l.dead || l.closing {
 		l.wmu.Unlock()
@@ -158,7 +158,7 @@ func (l *link) Send(pkts []nprdma.Packet) {
 	b := l.pend
 	for i := range pkts {
 		p := &pkts[i]
-		if p.Kind == nprdma.PacketAck {
+		if p.Kind == link.PacketAck {
 			l.acksSent.Add(1)
 		}
 		if n := p.PayloadLen(); n >= alignPayload && len(p.Data) > 0 && len(p.Data[0]) > 0 {
@@ -182,8 +182,8 @@ func (l *link) Send(pkts []nprdma.Packet) {
 	l.wmu.Unlock()
 }
 
-// Flush implements nprdma.Link.
-func (l *link) Flush() {
+// Flush implements link.Link.
+func (l *tcpLink) Flush() {
 	l.wmu.Lock()
 	if l.busy || l.dead {
 		l.wmu.Unlock()
@@ -217,7 +217,7 @@ func (l *link) Flush() {
 
 // drain writes b, waiting for the socket, and then everything queued. b
 // is the link's spare batch, which nobody else touches while busy is set.
-func (l *link) drain(b *wbatch) {
+func (l *tcpLink) drain(b *wbatch) {
 	for {
 		if _, err := l.write(b, true); err != nil {
 			l.writeFailed(b, err)
@@ -234,7 +234,7 @@ func (l *link) drain(b *wbatch) {
 
 // takePendingLocked swaps the queued batch for the spare one and returns
 // it, to write once wmu is released.
-func (l *link) takePendingLocked() *wbatch {
+func (l *tcpLink) takePendingLocked() *wbatch {
 	b := l.pend
 	l.pend, l.spare = l.spare, b
 	return b
@@ -243,7 +243,7 @@ func (l *link) takePendingLocked() *wbatch {
 // writtenLocking is the end of a batch's write: it takes wmu and, when
 // nothing more is queued (or the link died), ends the writer's turn and
 // releases wmu, false. True: more is queued, wmu is held.
-func (l *link) writtenLocking(b *wbatch) bool {
+func (l *tcpLink) writtenLocking(b *wbatch) bool {
 	b.reset()
 	l.wmu.Lock()
 	if len(l.pend.segs) == 0 || l.dead {
@@ -258,7 +258,7 @@ func (l *link) writtenLocking(b *wbatch) bool {
 	return true
 }
 
-func (l *link) writeFailed(b *wbatch, err error) {
+func (l *tcpLink) writeFailed(b *wbatch, err error) {
 	b.drop()
 	l.wmu.Lock()
 	l.busy = false
@@ -267,7 +267,7 @@ func (l *link) writeFailed(b *wbatch, err error) {
 	l.abort(fmt.Errorf("tcp: write: %w", err))
 }
 
-func (l *link) shutdownIfDoneLocked() {
+func (l *tcpLink) shutdownIfDoneLocked() {
 	if l.closing && !l.shut && !l.dead {
 		l.shut = true
 		l.nc.CloseWrite()
@@ -277,7 +277,7 @@ func (l *link) shutdownIfDoneLocked() {
 // write writes b from its position with writev. Non-blocking, it returns
 // done=false once the socket would block; blocking, it waits for the
 // socket instead. Only the one writer (see busy) calls it.
-func (l *link) write(b *wbatch, blocking bool) (done bool, err error) {
+func (l *tcpLink) write(b *wbatch, blocking bool) (done bool, err error) {
 	w := &l.w
 	w.b, w.blocking, w.done, w.err = b, blocking, false, nil
 	rerr := l.rc.Write(l.writeFn) // a method value made once: no allocation here
@@ -300,7 +300,7 @@ type writeState struct {
 	err      error
 }
 
-func (l *link) writeSocket(fd uintptr) bool {
+func (l *tcpLink) writeSocket(fd uintptr) bool {
 	w := &l.w
 	b := w.b
 	for !b.empty() {
@@ -352,9 +352,9 @@ func (b *wbatch) advance(n int) {
 	}
 }
 
-// Close implements nprdma.Link: queued packets go out, then the write side
+// Close implements link.Link: queued packets go out, then the write side
 // shuts down; the reader goes on until the peer closes too.
-func (l *link) Close() {
+func (l *tcpLink) Close() {
 	l.wmu.Lock()
 	l.closing = true
 	l.closed.Store(true)
@@ -368,14 +368,14 @@ func (l *link) Close() {
 	l.wakeReader() // the peer's end of stream must be read
 }
 
-func (l *link) busyNow() bool {
+func (l *tcpLink) busyNow() bool {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	return l.busy
 }
 
-// Abort implements nprdma.Link: the connection is reset at once.
-func (l *link) Abort() {
+// Abort implements link.Link: the connection is reset at once.
+func (l *tcpLink) Abort() {
 	started := true
 	l.startOnce.Do(func() { started = false }) // a link never started never will be
 	l.abort(errAborted)
@@ -384,7 +384,7 @@ func (l *link) Abort() {
 	}
 }
 
-func (l *link) abort(err error) {
+func (l *tcpLink) abort(err error) {
 	l.wmu.Lock()
 	if l.dead {
 		l.wmu.Unlock()

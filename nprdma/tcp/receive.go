@@ -12,15 +12,15 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/nprdma/nprdma/nprdma/link"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"golang.org/x/sys/unix"
 )
 
 // Receiving. Exactly one goroutine at a time reads frames from the
 // connection and delivers them to the queue pair: the link's reader
 // goroutine, or a driver — a goroutine waiting on a completion queue that
-// receives for itself (nprdma.Driver, "direct completion"). A driver blocks
+// receives for itself (link.Driver, "direct completion"). A driver blocks
 // in read() like a client of a raw socket does, so the packet that completes
 // its work request needs no hand-off from another goroutine; the reader
 // goroutine stays parked meanwhile. The reader goroutine gives the receive
@@ -55,12 +55,12 @@ type rxState struct {
 	linger *time.Timer
 	armed  bool  // linger is scheduled
 	freeAt int64 // nanotime the receive side last became free
-	want   nprdma.DriveWaiter
+	want   link.DriveWaiter
 	wanted atomic.Bool   // a waiter (want) found the reader goroutine receiving
 	drives atomic.Uint64 // Drive calls that received (for tests)
 
 	// Frame state, used by whoever receives.
-	h           nprdma.Header
+	h           link.Header
 	lastPayload int
 	boundary    bool // between frames, waiting for the next header
 }
@@ -129,7 +129,7 @@ func (c *connReader) deadlinePassed(err error) error {
 		return errInterrupted
 	}
 	if c.finishing {
-		return fmt.Errorf("%w: the peer sent nothing for %v in the middle of a frame", nprdma.ErrPeerLost, c.stalled)
+		return fmt.Errorf("%w: the peer sent nothing for %v in the middle of a frame", link.ErrPeerLost, c.stalled)
 	}
 	// In the middle of a frame: finish it first, within the stalled frame
 	// timeout. The driver checks its context again at the next boundary
@@ -190,7 +190,7 @@ func (sp *spinRead) read(fd uintptr) bool {
 	}
 }
 
-func (l *link) readLoop() {
+func (l *tcpLink) readLoop() {
 	err := l.readFrames()
 	l.wmu.Lock()
 	l.dead = true
@@ -206,7 +206,7 @@ func (l *link) readLoop() {
 
 // readFrames receives as the reader goroutine until the link fails, parked
 // while drivers receive.
-func (l *link) readFrames() error {
+func (l *tcpLink) readFrames() error {
 	for {
 		err := l.receive(nil)
 		if err != errYield {
@@ -221,7 +221,7 @@ func (l *link) readFrames() error {
 // drive is what receive needs to know of a driver.
 type drive struct {
 	ctx context.Context
-	w   nprdma.DriveWaiter
+	w   link.DriveWaiter
 }
 
 // receive reads frames and delivers them, as the owner of the receive side.
@@ -229,7 +229,7 @@ type drive struct {
 // receive side up, or the error that ends the link. A driver returns nil
 // once its waiter is done, errInterrupted when its context ends, errFrozen,
 // or the error that ends the link. Both stop only between frames.
-func (l *link) receive(d *drive) error {
+func (l *tcpLink) receive(d *drive) error {
 	rd, r := l.rd, &l.rcv
 	pl := &l.wpayload
 	pl.rd = rd
@@ -283,7 +283,7 @@ func (l *link) receive(d *drive) error {
 		}
 		n := headerLen(rd.peek()[0])
 		if n == 0 {
-			return fmt.Errorf("tcp: %w: %w: unknown frame type %d", nprdma.ErrProtocol, errFrame, rd.peek()[0])
+			return fmt.Errorf("tcp: %w: %w: unknown frame type %d", link.ErrProtocol, errFrame, rd.peek()[0])
 		}
 		if rd.buffered() < n {
 			l.rx.Idle()
@@ -293,12 +293,12 @@ func (l *link) receive(d *drive) error {
 		}
 		h := &r.h
 		if _, err := parseHeader(rd.peek(), h); err != nil {
-			return fmt.Errorf("tcp: %w: %w", nprdma.ErrProtocol, err)
+			return fmt.Errorf("tcp: %w: %w", link.ErrProtocol, err)
 		}
 		rd.consume(n)
 		pl.remaining = h.PayloadLen()
 		r.lastPayload = pl.remaining
-		if h.Kind == nprdma.PacketSend && pl.remaining >= alignPayload {
+		if h.Kind == link.PacketSend && pl.remaining >= alignPayload {
 			l.exp.sendSrc = (rd.position() - uint64(len(pl.placed)) - l.origin) % alignTo
 		}
 		if pl.remaining > len(pl.placed)+rd.buffered() {
@@ -318,7 +318,7 @@ func (l *link) receive(d *drive) error {
 }
 
 // skipPad consumes the PAD frame at the reader's position.
-func (l *link) skipPad() error {
+func (l *tcpLink) skipPad() error {
 	rd := l.rd
 	if rd.buffered() < prefixLen {
 		l.rx.Idle()
@@ -328,7 +328,7 @@ func (l *link) skipPad() error {
 	}
 	k, err := parsePad(rd.peek())
 	if err != nil {
-		return fmt.Errorf("tcp: %w: %w", nprdma.ErrProtocol, err)
+		return fmt.Errorf("tcp: %w: %w", link.ErrProtocol, err)
 	}
 	rd.consume(prefixLen)
 	if k > rd.buffered() {
@@ -340,7 +340,7 @@ func (l *link) skipPad() error {
 // yield gives the receive side up (the reader goroutine is about to park)
 // and wakes the waiter that wanted it. Responses go out first; an
 // acknowledgement owed waits for the driver.
-func (l *link) yield() {
+func (l *tcpLink) yield() {
 	r := &l.rcv
 	r.mu.Lock()
 	w := r.want
@@ -358,7 +358,7 @@ func (l *link) yield() {
 // park waits, as the reader goroutine that gave the receive side up, until
 // it is handed back: the linger time passed without a driver, the link
 // broke, or a driver failed (its error is returned).
-func (l *link) park() error {
+func (l *tcpLink) park() error {
 	r := &l.rcv
 	select {
 	case <-r.wake:
@@ -381,7 +381,7 @@ func (l *link) park() error {
 
 // handBackLocked gives the free receive side back to the parked reader
 // goroutine.
-func (l *link) handBackLocked() {
+func (l *tcpLink) handBackLocked() {
 	r := &l.rcv
 	if r.owner != rxNone || !r.parked {
 		return
@@ -390,7 +390,7 @@ func (l *link) handBackLocked() {
 	r.wake <- struct{}{} // never blocks: one token per park
 }
 
-func (l *link) armLingerLocked() {
+func (l *tcpLink) armLingerLocked() {
 	r := &l.rcv
 	if r.armed {
 		return
@@ -405,7 +405,7 @@ func (l *link) armLingerLocked() {
 
 // onLinger hands the receive side back to the reader goroutine once it has
 // been free for the linger time.
-func (l *link) onLinger() {
+func (l *tcpLink) onLinger() {
 	r := &l.rcv
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -425,13 +425,13 @@ func (l *link) onLinger() {
 
 // wakeReader hands a free receive side back to the reader goroutine now
 // (the link is closing: the peer's end of stream must be read).
-func (l *link) wakeReader() {
+func (l *tcpLink) wakeReader() {
 	l.rcv.mu.Lock()
 	l.handBackLocked()
 	l.rcv.mu.Unlock()
 }
 
-func (l *link) isDown() bool {
+func (l *tcpLink) isDown() bool {
 	select {
 	case <-l.abortCh:
 		return true
@@ -454,7 +454,7 @@ type interrupter struct {
 }
 
 // arm makes the end of ctx interrupt the driver that is about to receive.
-func (in *interrupter) arm(l *link, ctx context.Context) {
+func (in *interrupter) arm(l *tcpLink, ctx context.Context) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.ctx != ctx {
@@ -467,7 +467,7 @@ func (in *interrupter) arm(l *link, ctx context.Context) {
 	in.active = true
 }
 
-func (in *interrupter) fire(l *link, ctx context.Context) {
+func (in *interrupter) fire(l *tcpLink, ctx context.Context) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.active && in.ctx == ctx && !in.deadline {
@@ -478,7 +478,7 @@ func (in *interrupter) fire(l *link, ctx context.Context) {
 
 // disarm ends the watch of the driver that stopped receiving, clearing a
 // deadline it left.
-func (in *interrupter) disarm(l *link) {
+func (in *interrupter) disarm(l *tcpLink) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.active = false
@@ -502,8 +502,8 @@ func (in *interrupter) release() {
 	in.ctx, in.stop = nil, nil
 }
 
-// Drive implements nprdma.Driver.
-func (l *link) Drive(ctx context.Context, w nprdma.DriveWaiter) bool {
+// Drive implements link.Driver.
+func (l *tcpLink) Drive(ctx context.Context, w link.DriveWaiter) bool {
 	if l.prov.linger <= 0 {
 		return false
 	}

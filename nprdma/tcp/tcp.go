@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 )
 
 // Provider is the tcp provider. Its fault injection methods (Freeze, Thaw,
@@ -32,11 +32,11 @@ type Provider struct {
 	stalledFrame time.Duration
 
 	mu        sync.Mutex
-	links     map[*link]struct{}
+	links     map[*tcpLink]struct{}
 	listeners map[*listener]struct{}
 	crashed   bool
 
-	gate nprdma.FreezeGate // Freeze and Thaw; synchronised on its own
+	gate link.FreezeGate // Freeze and Thaw; synchronised on its own
 }
 
 // Option configures a Provider.
@@ -67,7 +67,7 @@ func WithSocketReceiveBuffer(n int) Option {
 // WithReadBufferSize sets each connection's read buffer (default 64 KiB);
 // payloads larger than 32 KiB bypass it.
 func WithReadBufferSize(n int) Option {
-	return func(p *Provider) { p.readBuffer = max(n, 2*maxHeaderLen+nprdma.MaxPrivateData) }
+	return func(p *Provider) { p.readBuffer = max(n, 2*maxHeaderLen+link.MaxPrivateData) }
 }
 
 // DefaultDirectLinger is how long a connection's receive side stays with
@@ -113,7 +113,7 @@ func New(opts ...Option) *Provider {
 		linger:              DefaultDirectLinger,
 		socketReceiveBuffer: DefaultSocketReceiveBuffer,
 		stalledFrame:        DefaultStalledFrameTimeout,
-		links:               map[*link]struct{}{},
+		links:               map[*tcpLink]struct{}{},
 		listeners:           map[*listener]struct{}{},
 	}
 	for _, o := range opts {
@@ -122,10 +122,10 @@ func New(opts ...Option) *Provider {
 	return p
 }
 
-// Name implements nprdma.Provider.
+// Name implements link.Provider.
 func (p *Provider) Name() string { return "tcp" }
 
-func (p *Provider) addLink(l *link) bool {
+func (p *Provider) addLink(l *tcpLink) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.crashed {
@@ -135,7 +135,7 @@ func (p *Provider) addLink(l *link) bool {
 	return true
 }
 
-func (p *Provider) removeLink(l *link) {
+func (p *Provider) removeLink(l *tcpLink) {
 	p.mu.Lock()
 	delete(p.links, l)
 	p.mu.Unlock()
@@ -164,7 +164,7 @@ func (p *Provider) Crash() {
 	p.Thaw()
 }
 
-func (p *Provider) waitThawed(l *link) error {
+func (p *Provider) waitThawed(l *tcpLink) error {
 	select {
 	case <-p.gate.Thawed():
 		return nil
@@ -206,23 +206,23 @@ func readCM(rd *reader, want ...byte) (cmFrame, error) {
 	}
 }
 
-// Dial implements nprdma.Provider.
-func (p *Provider) Dial(ctx context.Context, addr string, hello nprdma.Hello) (nprdma.Link, nprdma.Hello, error) {
+// Dial implements link.Provider.
+func (p *Provider) Dial(ctx context.Context, addr string, hello link.Hello) (link.Link, link.Hello, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, nprdma.Hello{}, err
+		return nil, link.Hello{}, err
 	}
 	nc := c.(*net.TCPConn)
 	nc.SetNoDelay(true)
 	stop := p.handshakeDeadline(ctx, nc)
-	fail := func(err error) (nprdma.Link, nprdma.Hello, error) {
+	fail := func(err error) (link.Link, link.Hello, error) {
 		stop()
 		nc.Close()
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
-		return nil, nprdma.Hello{}, fmt.Errorf("tcp: handshake with %s: %w", addr, err)
+		return nil, link.Hello{}, fmt.Errorf("tcp: handshake with %s: %w", addr, err)
 	}
 	if _, err := nc.Write(appendCM(nil, cmFrame{typ: frameConnect, qpn: hello.QPNum, privateData: hello.PrivateData})); err != nil {
 		return fail(err)
@@ -234,21 +234,21 @@ func (p *Provider) Dial(ctx context.Context, addr string, hello nprdma.Hello) (n
 	}
 	if !stop() {
 		nc.Close()
-		return nil, nprdma.Hello{}, fmt.Errorf("tcp: handshake with %s: %w", addr, ctx.Err())
+		return nil, link.Hello{}, fmt.Errorf("tcp: handshake with %s: %w", addr, ctx.Err())
 	}
 	if f.typ == frameReject {
 		nc.Close()
-		return nil, nprdma.Hello{}, &nprdma.RejectError{PrivateData: f.privateData}
+		return nil, link.Hello{}, &link.RejectError{PrivateData: f.privateData}
 	}
 	l, err := newLink(p, nc, rd)
 	if err != nil {
-		return nil, nprdma.Hello{}, err
+		return nil, link.Hello{}, err
 	}
-	return l, nprdma.Hello{QPNum: f.qpn, PrivateData: f.privateData}, nil
+	return l, link.Hello{QPNum: f.qpn, PrivateData: f.privateData}, nil
 }
 
-// Listen implements nprdma.Provider.
-func (p *Provider) Listen(addr string) (nprdma.LinkListener, error) {
+// Listen implements link.Provider.
+func (p *Provider) Listen(addr string) (link.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -306,7 +306,7 @@ func (l *listener) handshake(nc *net.TCPConn) {
 		return
 	}
 	nc.SetDeadline(time.Time{})
-	r := &request{l: l, nc: nc, rd: rd, hello: nprdma.Hello{QPNum: f.qpn, PrivateData: f.privateData}}
+	r := &request{l: l, nc: nc, rd: rd, hello: link.Hello{QPNum: f.qpn, PrivateData: f.privateData}}
 	l.mu.Lock()
 	l.pending[r] = struct{}{}
 	l.mu.Unlock()
@@ -317,7 +317,7 @@ func (l *listener) handshake(nc *net.TCPConn) {
 	}
 }
 
-func (l *listener) Accept(ctx context.Context) (nprdma.LinkRequest, error) {
+func (l *listener) Accept(ctx context.Context) (link.Request, error) {
 	select {
 	case r := <-l.reqs:
 		return r, nil
@@ -355,12 +355,12 @@ type request struct {
 	l     *listener
 	nc    *net.TCPConn
 	rd    *reader
-	hello nprdma.Hello
+	hello link.Hello
 	once  sync.Once
 }
 
-func (r *request) Hello() nprdma.Hello { return r.hello }
-func (r *request) RemoteAddr() string  { return r.nc.RemoteAddr().String() }
+func (r *request) Hello() link.Hello  { return r.hello }
+func (r *request) RemoteAddr() string { return r.nc.RemoteAddr().String() }
 
 // take marks the request answered; false if it was answered or dropped.
 func (r *request) take() bool {
@@ -380,7 +380,7 @@ func (r *request) drop() {
 	}
 }
 
-func (r *request) Accept(hello nprdma.Hello) (nprdma.Link, error) {
+func (r *request) Accept(hello link.Hello) (link.Link, error) {
 	if !r.take() {
 		return nil, errors.New("tcp: connection request already answered or dropped")
 	}

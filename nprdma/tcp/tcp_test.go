@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/nprdma"
+	"github.com/nprdma/nprdma/nprdma/link"
 	"github.com/nprdma/nprdma/nprdma/tcp"
 )
 
@@ -149,7 +150,7 @@ func TestPeerKilled(t *testing.T) {
 		t.Fatal("every READ finished before the kill: nothing tested")
 	}
 	<-qp.Done()
-	if !errors.Is(qp.Err(), nprdma.ErrPeerLost) {
+	if !errors.Is(qp.Err(), link.ErrPeerLost) {
 		t.Fatalf("qp error %v, want ErrPeerLost", qp.Err())
 	}
 }
@@ -224,7 +225,7 @@ func TestPeerClaimsHugeFrame(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("QP still up after a 4 GiB frame")
 	}
-	if !errors.Is(qp.Err(), nprdma.ErrProtocol) {
+	if !errors.Is(qp.Err(), link.ErrProtocol) {
 		t.Fatalf("qp error %v, want ErrProtocol", qp.Err())
 	}
 	c.SetReadDeadline(time.Now().Add(30 * time.Second))

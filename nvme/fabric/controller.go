@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,7 @@ type ControllerQueue struct {
 	stride     int
 	remote     string
 	hostRecvs  int
+	invalidate bool // the device answers with SEND with invalidate
 	qp         *nprdma.QP
 	cq         *nprdma.CQ
 	recvBuf    []byte
@@ -80,13 +82,20 @@ type queueCounters struct {
 func newControllerQueue(l *Listener, cm nvme.CMRequest, entries, icd int, remote string) (*ControllerQueue, error) {
 	dev := l.pd.Device()
 	stride := (nvme.SQESize + icd + 63) &^ 63
+	recvBuf, err := nprdma.AllocBuffer(entries * stride)
+	if err != nil {
+		return nil, fmt.Errorf("queue %d: receive buffers: %w", cm.QID, err)
+	}
 	q := &ControllerQueue{
 		l: l, qid: cm.QID, entries: entries, icd: icd, stride: stride, remote: remote,
-		hostRecvs: int(cm.HRQSIZE),
-		recvBuf:   make([]byte, entries*stride),
-		loopDone:  make(chan struct{}),
+		hostRecvs:  int(cm.HRQSIZE),
+		invalidate: dev.Caps().SendWithInvalidate,
+		recvBuf:    recvBuf,
+		loopDone:   make(chan struct{}),
 	}
-	var err error
+	// Handlers read in-capsule data from the receive buffers until they
+	// complete, after the queue is gone: the mapping goes with the queue.
+	runtime.AddCleanup(q, func(b []byte) { nprdma.FreeBuffer(b) }, recvBuf)
 	q.recvMR, err = l.pd.Register(q.recvBuf, nprdma.AccessLocalWrite)
 	if err != nil {
 		return nil, fmt.Errorf("queue %d: register receive buffers: %w", cm.QID, err)
@@ -280,8 +289,8 @@ func (q *ControllerQueue) teardown() {
 		r.abort()
 	}
 	q.cq.Close()
-	// recvBuf is Go memory: executing handlers may still read their
-	// in-capsule data from it; the collector frees it after them.
+	// Executing handlers may still read their in-capsule data from
+	// recvBuf: it is unmapped once the queue is unreachable.
 	q.recvMR.Deregister()
 	q.l.live.Add(-1)
 }
@@ -557,6 +566,12 @@ func (r *Request) Complete(c nvme.Completion) error {
 	}
 	c.MarshalTo(cqe[:])
 	wrs[nwr] = nprdma.SendWR{ID: wrSend | uint64(r.slot), Op: nprdma.OpSend, Inline: true, InlineData: cqe[:], Signaled: true}
+	if sgl := r.Cmd.DPTR; q.invalidate && sgl.ID() == nvme.SGLIDKeyedInvalidate && sgl.Length() > 0 {
+		// The host asked for its key to be invalidated with the response
+		// (Linux does, for its per-command registrations): it then need
+		// not invalidate it itself.
+		wrs[nwr].Op, wrs[nwr].InvalidateRKey = nprdma.OpSendWithInv, sgl.Key()
+	}
 	nwr++
 	r.icd = nil
 	if q.failedFlag.Load() {

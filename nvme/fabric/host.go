@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -16,8 +17,12 @@ import (
 // RDMA READs write data from it and RDMA WRITEs read data into it.
 const HostAccess = nprdma.AccessLocalWrite | nprdma.AccessRemoteRead | nprdma.AccessRemoteWrite
 
-// DefaultReadSlots bounds the one-sided READs in flight on one host queue.
+// DefaultReadSlots bounds the one-sided READs (or batches of them) in
+// flight on one host queue.
 const DefaultReadSlots = 64
+
+// MaxReadBatch is the most READs ReadRemoteBatch posts at once.
+const MaxReadBatch = 32
 
 // QueueConfig describes the queue a host dials.
 type QueueConfig struct {
@@ -153,13 +158,21 @@ func Dial(ctx context.Context, pd *nprdma.PD, addr string, qc QueueConfig, opts 
 			q.pool.Close()
 		}
 	}
-	q.recvBuf = make([]byte, qc.Entries*nvme.CQESize)
 	var err error
+	if q.recvBuf, err = nprdma.AllocBuffer(qc.Entries * nvme.CQESize); err != nil {
+		cleanup()
+		return nil, fmt.Errorf("nvme fabric: dial queue %d at %s: %w", qc.QID, addr, err)
+	}
+	// A leader may be reading a completion from recvBuf as the queue
+	// fails: the mapping goes when the queue is unreachable.
+	runtime.AddCleanup(q, func(b []byte) { nprdma.FreeBuffer(b) }, q.recvBuf)
 	if q.recvMR, err = pd.Register(q.recvBuf, nprdma.AccessLocalWrite); err != nil {
 		cleanup()
 		return nil, fmt.Errorf("nvme fabric: dial queue %d at %s: %w", qc.QID, addr, err)
 	}
-	sendDepth := qc.Entries + cfg.readSlots + 8
+	// Room for the commands, a READ per slot and two batches besides; a
+	// batch that finds the queue full waits for room (ReadRemoteBatch).
+	sendDepth := qc.Entries + cfg.readSlots + 2*MaxReadBatch + 8
 	var cqOpts []nprdma.CQOption
 	if cfg.busyPoll > 0 {
 		cqOpts = append(cqOpts, nprdma.WithBusyPoll(cfg.busyPoll))
@@ -171,6 +184,7 @@ func Dial(ctx context.Context, pd *nprdma.PD, addr string, qc QueueConfig, opts 
 		cleanup()
 		return nil, fmt.Errorf("nvme fabric: dial queue %d at %s: %w", qc.QID, addr, err)
 	}
+	q.maxInl = q.qp.MaxInline() // hardware may grant less: larger capsules go from a registered buffer
 	for i := 0; i < qc.Entries; i++ {
 		if err := q.postRecv(i); err != nil {
 			cleanup()
@@ -444,8 +458,40 @@ func (q *HostQueue) recycle(c *call, cid uint16) {
 // READ slot: the READ lands in buf, so ReadRemote waits for it to complete
 // or for the queue to fail.
 func (q *HostQueue) ReadRemote(ctx context.Context, buf *nprdma.Buffer, off, n int, raddr uint64, rkey uint32) error {
-	if off < 0 || n <= 0 || off+n > len(buf.Bytes()) {
-		return fmt.Errorf("nvme fabric: queue %d: READ into [%d, +%d) outside the %d-byte buffer", q.qid, off, n, len(buf.Bytes()))
+	return q.readRemote(ctx, buf, []RemoteRead{{Off: off, N: n, Addr: raddr, RKey: rkey}})
+}
+
+// RemoteRead is one READ of a batch: n bytes at raddr of the peer's region
+// rkey into the buffer at off.
+type RemoteRead struct {
+	Off, N int
+	Addr   uint64
+	RKey   uint32
+}
+
+// ReadRemoteBatch reads several ranges of the peer's memory into buf with
+// one-sided RDMA READs posted together (at most MaxReadBatch), and returns
+// when all have completed. It fails, with the queue, as ReadRemote does.
+func (q *HostQueue) ReadRemoteBatch(ctx context.Context, buf *nprdma.Buffer, reads []RemoteRead) error {
+	if len(reads) == 0 {
+		return nil
+	}
+	if len(reads) > MaxReadBatch {
+		return fmt.Errorf("nvme fabric: queue %d: %d READs in a batch, at most %d", q.qid, len(reads), MaxReadBatch)
+	}
+	return q.readRemote(ctx, buf, reads)
+}
+
+// readRemote posts reads (1 to MaxReadBatch) and waits for them.
+func (q *HostQueue) readRemote(ctx context.Context, buf *nprdma.Buffer, reads []RemoteRead) error {
+	var wrs [MaxReadBatch]nprdma.SendWR
+	var sges [MaxReadBatch]nprdma.SGE
+	base := buf.SGE()
+	for i, r := range reads {
+		if r.Off < 0 || r.N <= 0 || r.Off+r.N > len(buf.Bytes()) {
+			return fmt.Errorf("nvme fabric: queue %d: READ into [%d, +%d) outside the %d-byte buffer", q.qid, r.Off, r.N, len(buf.Bytes()))
+		}
+		sges[i] = nprdma.SGE{Addr: base.Addr + uint64(r.Off), Length: uint32(r.N), LKey: base.LKey}
 	}
 	var slot int
 	select {
@@ -465,14 +511,25 @@ func (q *HostQueue) ReadRemote(ctx context.Context, buf *nprdma.Buffer, off, n i
 	}
 	c.StartLocked()
 	q.mu.Unlock()
-	sge := buf.SGE()
-	sge.Addr += uint64(off)
-	sge.Length = uint32(n)
-	if err := q.qp.PostSend(nprdma.SendWR{ID: wrRead | uint64(slot), Op: nprdma.OpRead, SG: []nprdma.SGE{sge},
-		RemoteAddr: raddr, RKey: rkey, Signaled: true}); err != nil {
+	// Only the last READ is signaled: RC completes them in order, and an
+	// error completes whichever failed (the queue pair fails with it).
+	for i, r := range reads {
+		wrs[i] = nprdma.SendWR{ID: wrRead | uint64(slot), Op: nprdma.OpRead, SG: sges[i : i+1 : i+1],
+			RemoteAddr: r.Addr, RKey: r.RKey, Signaled: i == len(reads)-1}
+	}
+	for {
+		err := q.qp.PostSend(wrs[:len(reads)]...)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, nprdma.ErrQueueFull) && q.Err() == nil {
+			time.Sleep(50 * time.Microsecond) // the other batches leave room as they complete
+			continue
+		}
 		q.mu.Lock()
 		q.finishLocked(c, fmt.Errorf("queue %d to %s: %w: %w", q.qid, q.addr, ErrQueueFailed, err))
 		q.mu.Unlock()
+		break
 	}
 	if err := q.turns.Wait(context.Background(), &c.Slot, &q.mu, (*leader)(q)); err != nil {
 		return err
@@ -480,7 +537,11 @@ func (q *HostQueue) ReadRemote(ctx context.Context, buf *nprdma.Buffer, off, n i
 	err := c.err
 	if err == nil && c.st != nprdma.StatusSuccess {
 		// The queue pair fails with the READ; its reason names the cause.
-		err = fmt.Errorf("queue %d to %s: READ of %d bytes at %#x (rkey %#x): %s: %w", q.qid, q.addr, n, raddr, rkey, c.st, q.qpErr())
+		what := fmt.Sprintf("batch of %d READs", len(reads))
+		if r := reads[0]; len(reads) == 1 {
+			what = fmt.Sprintf("READ of %d bytes at %#x (rkey %#x)", r.N, r.Addr, r.RKey)
+		}
+		err = fmt.Errorf("queue %d to %s: %s: %s: %w", q.qid, q.addr, what, c.st, q.qpErr())
 	}
 	c.err = nil
 	q.rslot <- slot

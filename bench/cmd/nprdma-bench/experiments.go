@@ -33,6 +33,7 @@ func experiments() []bench.Spec {
 		e2ebench.StartupSpec(bins),
 		e2ebench.SHMSpec(bins),
 		e2ebench.GuestNVMeTCPSpec(bins),
+		e2ebench.GuestVerbsSpec(bins),
 		attachbench.Spec(repoRoot()),
 	}
 }

@@ -13,7 +13,7 @@ import (
 
 func TestExperimentListIsFixed(t *testing.T) {
 	want := []string{"blockdev", "swap-faults", "swap-policy", "swap-rss", "fabric-ops", "registration",
-		"np-read", "capacity", "e2e-fio", "nvme-tcp", "pool", "startup", "shm", "guest-nvmetcp", "attach-modes"}
+		"np-read", "capacity", "e2e-fio", "nvme-tcp", "pool", "startup", "shm", "guest-nvmetcp", "guest-verbs", "attach-modes"}
 	var names []string
 	for _, s := range experiments() {
 		names = append(names, s.Name)

@@ -1,4 +1,4 @@
-package nprdma
+package link
 
 import (
 	"sync"
