@@ -74,6 +74,8 @@ test: deps vet fmt-check build unit guest-test
 demo: build
 	@scripts/demo.sh
 
+# `make bench`: every judged point in 5 rounds, verdicts on the medians (docs/bench-method.md);
+# BENCH=full for longer runs, BENCH=smoke for one unjudged round of everything.
 bench: build
 	$(GO) run ./bench/cmd/nprdma-bench $(if $(BENCH),--mode $(BENCH))
 

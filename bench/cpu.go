@@ -219,11 +219,9 @@ func shares(counts map[int]int) ([]CPUShare, int) {
 // on (/proc/<pid>/task/<tid>/stat, field "processor"). Sampling every 100 ms
 // costs a few file reads, far below what it measures.
 type CPUSampler struct {
-	pid      int
-	interval time.Duration
-	allowed  string
-	stop     chan struct{}
-	done     chan struct{}
+	pid     int
+	allowed string
+	every   *periodic
 
 	mu      sync.Mutex
 	counts  map[int]int
@@ -235,28 +233,12 @@ func StartCPUSampler(pid int, interval time.Duration) *CPUSampler {
 	if interval <= 0 {
 		interval = 100 * time.Millisecond
 	}
-	s := &CPUSampler{pid: pid, interval: interval, stop: make(chan struct{}), done: make(chan struct{}),
-		counts: map[int]int{}, cputime: map[int]uint64{}}
+	s := &CPUSampler{pid: pid, counts: map[int]int{}, cputime: map[int]uint64{}}
 	if cpus, err := Affinity(pid); err == nil {
 		s.allowed = FormatCPUList(cpus)
 	}
-	s.sample()
-	go s.loop()
+	s.every = startPeriodic(interval, s.sample)
 	return s
-}
-
-func (s *CPUSampler) loop() {
-	defer close(s.done)
-	t := time.NewTicker(s.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			s.sample()
-		}
-	}
 }
 
 func (s *CPUSampler) sample() {
@@ -296,13 +278,7 @@ func (s *CPUSampler) sample() {
 // Stop ends sampling and returns what was seen (Role is left to the caller).
 // A final sample is taken so that short runs are not empty.
 func (s *CPUSampler) Stop() Placement {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
-	<-s.done
-	s.sample()
+	s.every.stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ranOn, total := shares(s.counts)

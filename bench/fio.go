@@ -403,3 +403,7 @@ func head(b []byte, n int) string {
 func (r FioResult) SaveRaw(path string) error {
 	return writeFileAtomic(path, r.Raw)
 }
+
+// FioTime renders a duration as fio takes it (--runtime, --ramp_time), in
+// milliseconds.
+func FioTime(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -30,10 +29,7 @@ type NBDKit struct {
 	// PID is nbdkit's process ID (only this PID is ever signalled).
 	PID int
 
-	cmd      *exec.Cmd
-	stderr   *syncBuffer
-	done     chan struct{}
-	waitErr  error
+	proc     *Child
 	tmpDir   string
 	stopOnce sync.Once
 	stopErr  error
@@ -117,7 +113,7 @@ func startNBDKitOnce(ctx context.Context, plugin string, pluginArgs []string, cf
 	if err != nil {
 		return nil, fmt.Errorf("nbdkit %s: %w", plugin, err)
 	}
-	n := &NBDKit{tmpDir: tmpDir, stderr: &syncBuffer{}, done: make(chan struct{})}
+	n := &NBDKit{tmpDir: tmpDir}
 	fail := func(err error) (*NBDKit, error) {
 		os.RemoveAll(tmpDir)
 		return nil, err
@@ -128,7 +124,7 @@ func startNBDKitOnce(ctx context.Context, plugin string, pluginArgs []string, cf
 	// locked to one, which nothing in the bench does.
 	args := []string{"--foreground", "--exit-with-parent", "--pidfile", pidFile}
 	if cfg.tcp {
-		port, err := freeLoopbackPort()
+		port, err := FreeLoopbackPort()
 		if err != nil {
 			return fail(fmt.Errorf("nbdkit %s: %w", plugin, err))
 		}
@@ -146,22 +142,17 @@ func startNBDKitOnce(ctx context.Context, plugin string, pluginArgs []string, cf
 	args = append(args, cfg.flags...)
 	args = append(args, plugin)
 	args = append(args, pluginArgs...)
-	n.cmd = exec.Command(cfg.path, args...)
-	n.cmd.Stdout, n.cmd.Stderr = n.stderr, n.stderr
-	if err := StartPinned(n.cmd, cfg.cpus); err != nil {
-		return fail(fmt.Errorf("start nbdkit %s: %w", plugin, err))
+	proc, err := StartChild("nbdkit "+plugin, append([]string{cfg.path}, args...), cfg.cpus)
+	if err != nil {
+		return fail(err)
 	}
-	n.PID = n.cmd.Process.Pid
-	go func() {
-		n.waitErr = n.cmd.Wait()
-		close(n.done)
-	}()
+	n.proc, n.PID = proc, proc.PID()
 	// Stop the server when the caller's context ends.
 	go func() {
 		select {
 		case <-ctx.Done():
 			n.Stop()
-		case <-n.done:
+		case <-proc.done:
 		}
 	}()
 
@@ -176,13 +167,13 @@ func startNBDKitOnce(ctx context.Context, plugin string, pluginArgs []string, cf
 			return n, nil
 		}
 		select {
-		case <-n.done:
+		case <-proc.done:
 			os.RemoveAll(tmpDir)
 			return nil, fmt.Errorf("nbdkit %s %s exited before accepting connections (%v): %s",
-				plugin, strings.Join(pluginArgs, " "), n.waitErr, strings.TrimSpace(n.stderr.String()))
+				plugin, strings.Join(pluginArgs, " "), proc.waitErr, proc.Output(0))
 		case <-deadline.C:
 			n.Stop()
-			return nil, fmt.Errorf("nbdkit %s: not accepting connections after %v: %s", plugin, cfg.timeout, strings.TrimSpace(n.stderr.String()))
+			return nil, fmt.Errorf("nbdkit %s: not accepting connections after %v: %s", plugin, cfg.timeout, proc.Output(0))
 		case <-ctx.Done():
 			n.Stop()
 			return nil, fmt.Errorf("nbdkit %s: %w", plugin, ctx.Err())
@@ -212,17 +203,9 @@ func StartNBDKitProxy(ctx context.Context, upstream *NBDKit, opts ...NBDKitOptio
 // for it and removes its temporary directory. It is safe to call twice.
 func (n *NBDKit) Stop() error {
 	n.stopOnce.Do(func() {
-		select {
-		case <-n.done:
-		default:
-			_ = n.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-n.done:
-			case <-time.After(5 * time.Second):
-				_ = n.cmd.Process.Kill()
-				<-n.done
-			}
-		}
+		// An unclean exit of a peer taken down here is not the caller's
+		// concern: the measurements it served are done.
+		_ = n.proc.Stop(syscall.SIGTERM, 5*time.Second)
 		if n.Socket != "" && !strings.HasPrefix(n.Socket, n.tmpDir+string(filepath.Separator)) {
 			os.Remove(n.Socket)
 		}
@@ -232,45 +215,19 @@ func (n *NBDKit) Stop() error {
 }
 
 // Exited reports whether the server has exited (on its own or by Stop).
-func (n *NBDKit) Exited() bool {
-	select {
-	case <-n.done:
-		return true
-	default:
-		return false
-	}
-}
+func (n *NBDKit) Exited() bool { return n.proc.Exited() }
 
 // Log returns what nbdkit wrote to stdout and stderr so far.
-func (n *NBDKit) Log() string { return n.stderr.String() }
+func (n *NBDKit) Log() string { return n.proc.Output(0) }
 
-func freeLoopbackPort() (int, error) {
+// FreeLoopbackPort returns a TCP port on 127.0.0.1 that nothing listens on
+// now; someone may take it before the caller binds it, so a server started
+// on it should be retried on "address already in use".
+func FreeLoopbackPort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("find a free loopback port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// syncBuffer is a bytes.Buffer safe for the writer goroutine of os/exec and
-// a concurrent reader.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.buf.Len() > 1<<20 {
-		return len(p), nil // keep the first MiB; a chatty server must not grow memory
-	}
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

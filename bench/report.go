@@ -83,7 +83,8 @@ func RenderReport(run *Run, assetsRel string) []byte {
 	p("Machine-readable results: [%s/results.json](%s/results.json).\n\n", assetsRel, assetsRel)
 
 	p("## Headline\n\n")
-	p("| experiment | goal | measured | baseline | ratio | met |\n|---|---|---|---|---|---|\n")
+	p("Each goal is judged on the median of the per-round ratios of at least %d rounds, each round measuring the subject next to its baseline; min–max is the spread of the rounds.\n\n", MinRounds)
+	p("| experiment | goal | rounds | median ratio | min–max | median measured | median baseline | met |\n|---|---|---|---|---|---|---|---|\n")
 	for _, e := range run.Experiments {
 		headlineRows(&b, e)
 	}
@@ -110,11 +111,11 @@ func headlineRows(b *strings.Builder, e *Experiment) {
 	switch e.Status {
 	case StatusPending:
 		for _, g := range orNone(e.Goals) {
-			fmt.Fprintf(b, "| %s | %s | — | — | — | pending |\n", name, cell(g))
+			fmt.Fprintf(b, "| %s | %s | — | — | — | — | — | pending |\n", name, cell(g))
 		}
 		return
 	case StatusNotRun:
-		fmt.Fprintf(b, "| %s | %s | — | — | — | not run |\n", name, cell(strings.Join(e.Goals, "; ")))
+		fmt.Fprintf(b, "| %s | %s | — | — | — | — | — | not run |\n", name, cell(strings.Join(e.Goals, "; ")))
 		return
 	}
 	rows := 0
@@ -122,14 +123,14 @@ func headlineRows(b *strings.Builder, e *Experiment) {
 		if f.Goal == nil {
 			continue
 		}
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s |\n", name, cell(f.Goal.Text), formatValue(f.Value, f.Unit),
-			cell(formatValue(f.BaselineValue, f.Unit)+" "+f.Baseline), formatRatio(f), metMark(f))
+		fmt.Fprintf(b, "| %s | %s (%s) | %d | %s | %s | %s | %s | %s |\n", name, cell(f.Goal.Text), cell(f.Name), f.Rounds(), formatRatio(f),
+			formatRange(f), formatValue(f.Value, f.Unit), cell(formatValue(f.BaselineValue, f.Unit)+" "+f.Baseline), metMark(f))
 		rows++
 	}
 	if e.Status == StatusFailed {
-		fmt.Fprintf(b, "| %s | %s | — | — | — | failed: %s |\n", name, cell(strings.Join(e.Goals, "; ")), cell(shorten(e.Error, 160)))
+		fmt.Fprintf(b, "| %s | %s | — | — | — | — | — | failed: %s |\n", name, cell(strings.Join(e.Goals, "; ")), cell(shorten(e.Error, 160)))
 	} else if rows == 0 {
-		fmt.Fprintf(b, "| %s | (no goal: informational) | — | — | — | — |\n", name)
+		fmt.Fprintf(b, "| %s | (no goal: informational) | — | — | — | — | — | — |\n", name)
 	}
 }
 
@@ -179,18 +180,18 @@ func experimentSection(b *strings.Builder, e *Experiment, assetsRel, command str
 		}
 	}
 	if len(goals) > 0 {
-		p("**Goals**\n\n| goal | measured | baseline | ratio | met |\n|---|---|---|---|---|\n")
+		p("**Goals** (verdict on the median of the per-round ratios)\n\n| goal | figure | rounds | median ratio | min–max | median measured | median baseline | met |\n|---|---|---|---|---|---|---|---|\n")
 		for _, f := range goals {
-			p("| %s (%s) | %s | %s (%s) | %s | %s |\n", cell(f.Goal.Text), f.Goal.Expression(), formatValue(f.Value, f.Unit),
-				formatValue(f.BaselineValue, f.Unit), cell(f.Baseline), formatRatio(f), metMark(f))
+			p("| %s (%s) | %s | %d | %s | %s | %s | %s (%s) | %s |\n", cell(f.Goal.Text), f.Goal.Expression(), cell(f.Name), f.Rounds(), formatRatio(f),
+				formatRange(f), formatValue(f.Value, f.Unit), formatValue(f.BaselineValue, f.Unit), cell(f.Baseline), metMark(f))
 		}
 		p("\n")
 	}
 	if len(e.Figures) > 0 {
-		p("**All figures** (ratio = value / baseline)\n\n| figure | value | baseline | baseline value | ratio | notes |\n|---|---|---|---|---|---|\n")
+		p("**All figures** (ratio = value / baseline, the median over rounds)\n\n| figure | value | baseline | baseline value | ratio | min–max | notes |\n|---|---|---|---|---|---|---|\n")
 		for _, f := range e.Figures {
-			p("| %s | %s | %s | %s | %s | %s |\n", cell(f.Name), formatValue(f.Value, f.Unit), cell(f.Baseline),
-				formatValue(f.BaselineValue, f.Unit), formatRatio(f), cell(f.Notes))
+			p("| %s | %s | %s | %s | %s | %s | %s |\n", cell(f.Name), formatValue(f.Value, f.Unit), cell(f.Baseline),
+				formatValue(f.BaselineValue, f.Unit), formatRatio(f), formatRange(f), cell(f.Notes))
 		}
 		p("\n")
 	}
@@ -232,19 +233,24 @@ func honestNotes(e *Experiment) []string {
 	var out []string
 	for _, f := range e.Figures {
 		if f.Goal == nil || f.Met == nil || *f.Met {
+			if f.Goal != nil && !f.Judged() {
+				out = append(out, fmt.Sprintf("%s: not judged: %d round(s), a verdict needs %d.", f.Name, f.Rounds(), MinRounds))
+			}
 			continue
 		}
 		if f.BaselineValue == 0 {
 			out = append(out, fmt.Sprintf("✘ %s: goal %q not met: the baseline (%s) measured zero.", f.Name, f.Goal.Text, f.Baseline))
 			continue
 		}
-		out = append(out, fmt.Sprintf("✘ %s: goal %q not met: ratio %s, the goal is %s.", f.Name, f.Goal.Text, formatRatio(f), f.Goal.Expression()))
+		out = append(out, fmt.Sprintf("✘ %s: goal %q not met: median ratio %s (rounds %s), the goal is %s.", f.Name, f.Goal.Text, formatRatio(f), formatRange(f), f.Goal.Expression()))
 	}
 	return append(out, e.Notes...)
 }
 
 func metMark(f Figure) string {
 	switch {
+	case f.Goal != nil && !f.Judged():
+		return fmt.Sprintf("not judged (%d of %d rounds)", f.Rounds(), MinRounds)
 	case f.Met == nil:
 		return "—"
 	case *f.Met:
@@ -258,6 +264,15 @@ func formatRatio(f Figure) string {
 		return "—"
 	}
 	return strconv.FormatFloat(f.Ratio, 'f', 2, 64)
+}
+
+// formatRange renders the per-round spread of the ratio, "min–max".
+func formatRange(f Figure) string {
+	if f.Rounds() == 0 {
+		return "—"
+	}
+	lo, hi := f.RatioRange()
+	return strconv.FormatFloat(lo, 'f', 2, 64) + "–" + strconv.FormatFloat(hi, 'f', 2, 64)
 }
 
 // formatValue renders a value with its unit for a table cell.

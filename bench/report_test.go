@@ -10,7 +10,8 @@ import (
 func reportRun() *Run {
 	r := sampleRun()
 	e := r.Experiments[0]
-	e.Add(NewFigure("QD1 IOPS", 15000, "IOPS", "fio IOPS", 16000).WithGoal(Goal{Text: "IOPS ≥ 0.95× fio", Op: AtLeast, Threshold: 0.95}))
+	e.Add(RoundsFigure("QD1 IOPS", "IOPS", "fio IOPS", []float64{15000, 15000, 15500, 14000, 15000}, []float64{16000, 16000, 16000, 16000, 16000}).
+		WithGoal(Goal{Text: "IOPS ≥ 0.95× fio", Op: AtLeast, Threshold: 0.95}))
 	e.Add(NewFigure("QD1 p99", 120, "µs", "fio p99", 100))
 	e.AddSeries(Series{Name: "bars", Label: "ours", Points: []Point{{0, 60}, {1, 120}}})
 	e.AddPlot(Plot{File: "blockdev-bars.svg", Kind: PlotBars, Title: "bars | pipes", Categories: []string{"p50", "p99"}, Series: []string{"bars"}, Caption: "a caption"})
@@ -18,7 +19,8 @@ func reportRun() *Run {
 	r.Experiments = append(r.Experiments,
 		&Experiment{Name: "fabric-ops", Title: "ops", Status: StatusFailed, Error: "dial tcp: refused\nsecond line", Goals: []string{"READ p50 ≤ 1.2× raw"}},
 		&Experiment{Name: "capacity", Status: StatusNotRun, Goals: []string{"5× at +10%"}},
-		&Experiment{Name: "pool", Status: StatusDone, CarriedFrom: "2026-01-01 00:00 UTC", Figures: []Figure{NewFigure("x", 1, "", "y", 1)}},
+		&Experiment{Name: "pool", Status: StatusDone, CarriedFrom: "2026-01-01 00:00 UTC",
+			Figures: []Figure{NewFigure("x", 1, "", "y", 1).WithGoal(Goal{Text: "x ≥ y", Op: AtLeast, Threshold: 1})}},
 	)
 	return r
 }
@@ -60,16 +62,18 @@ func TestWriteReport(t *testing.T) {
 		"mode **quick**", "revision `abc`",
 		"[bench-method.md](bench-method.md)", "[bench/results.json](bench/results.json)",
 		// headline: met, unmet, pending, failed, not run
-		"| [blockdev](#blockdev--reads) | QD1 p50 ≤ 1.1× fio | 60 µs | 58 µs fio | 1.03 | ✔ |",
-		"| [blockdev](#blockdev--reads) | IOPS ≥ 0.95× fio | 15k IOPS | 16k IOPS fio IOPS | 0.94 | ✘ |",
-		"| [swap-faults](#swap-faults) | major ≤ 1.2× raw + 10 µs | — | — | — | pending |",
+		"| [blockdev](#blockdev--reads) | QD1 p50 ≤ 1.1× fio (QD1 p50) | 5 | 1.03 | 0.95–1.10 | 60 µs | 58 µs fio | ✔ |",
+		"| [blockdev](#blockdev--reads) | IOPS ≥ 0.95× fio (QD1 IOPS) | 5 | 0.94 | 0.88–0.97 | 15k IOPS | 16k IOPS fio IOPS | ✘ |",
+		"| [swap-faults](#swap-faults) | major ≤ 1.2× raw + 10 µs | — | — | — | — | — | pending |",
 		"failed: dial tcp: refused second line |",
-		"| [capacity](#capacity) | 5× at +10% | — | — | — | not run |",
+		"| [capacity](#capacity) | 5× at +10% | — | — | — | — | — | not run |",
+		"| [pool](#pool) | x ≥ y (x) | 1 | 1.00 | 1.00–1.00 | 1 | 1 y | not judged (1 of 5 rounds) |",
+		"x: not judged: 1 round(s), a verdict needs 5.",
 		// experiment section
-		"### blockdev — reads", "Parameters: file size: 1 GiB", "| QD1 p99 | 120 µs | fio p99 | 100 µs | 1.20 |",
+		"### blockdev — reads", "Parameters: file size: 1 GiB", "| QD1 p99 | 120 µs | fio p99 | 100 µs | 1.20 | 1.20–1.20 |",
 		"![cdf](bench/blockdev-cdf.svg)", "![bars \\| pipes](bench/blockdev-bars.svg)", "*a caption*",
 		"| ours | 0-1 | no | cpu0 75%, cpu1 25% (4 samples) |",
-		"✘ QD1 IOPS: goal \"IOPS ≥ 0.95× fio\" not met: ratio 0.94, the goal is ratio ≥ 0.95.",
+		"✘ QD1 IOPS: goal \"IOPS ≥ 0.95× fio\" not met: median ratio 0.94 (rounds 0.88–0.97), the goal is ratio ≥ 0.95.",
 		"- noisy",
 		"**Pending:** this experiment is not built yet.", "- major ≤ 1.2× raw + 10 µs",
 		"**Failed:** `dial tcp: refused second line`",

@@ -125,10 +125,19 @@ type Figure struct {
 	Unit          string  `json:"unit"`
 	Baseline      string  `json:"baseline"`
 	BaselineValue float64 `json:"baseline_value"`
-	// Ratio is Value / BaselineValue; 0 when the baseline is 0 (see Notes).
+	// Ratio is Value / BaselineValue for a figure measured once, the median
+	// of RoundRatios for one measured in rounds; 0 when the baseline is 0
+	// (see Notes).
 	Ratio float64 `json:"ratio"`
-	Goal  *Goal   `json:"goal,omitempty"`
-	// Met is set only when the figure has a goal.
+	// RoundRatios are the per-round ratios, in round order, when the figure
+	// was measured in rounds (see RoundsFigure); RatioMin and RatioMax are
+	// their smallest and largest, for readers of the JSON.
+	RoundRatios []float64 `json:"round_ratios,omitempty"`
+	RatioMin    float64   `json:"ratio_min,omitempty"`
+	RatioMax    float64   `json:"ratio_max,omitempty"`
+	Goal        *Goal     `json:"goal,omitempty"`
+	// Met is the verdict on Ratio; in a suite's results it is set only for
+	// a figure with a goal measured in at least MinRounds rounds.
 	Met   *bool  `json:"met,omitempty"`
 	Notes string `json:"notes,omitempty"`
 }

@@ -66,7 +66,8 @@ func sampleRun() *Run {
 	done := &Experiment{Name: "blockdev", Title: "reads", Status: StatusDone, Method: "m", Goals: []string{"g"},
 		Started: started, Seconds: 12.5}
 	done.AddParam("file size", "1 GiB")
-	done.Add(NewFigure("QD1 p50", 60, "µs", "fio", 58).WithGoal(Goal{Text: "QD1 p50 ≤ 1.1× fio", Op: AtMost, Threshold: 1.1}))
+	done.Add(RoundsFigure("QD1 p50", "µs", "fio", []float64{60, 66, 57, 60, 61}, []float64{58, 60, 60, 58, 58}).
+		WithGoal(Goal{Text: "QD1 p50 ≤ 1.1× fio", Op: AtMost, Threshold: 1.1}))
 	done.AddSeries(Series{Name: "cdf", Label: "ours", Points: []Point{{50, 0.5}, {math.NaN(), 0.7}, {90, 1}}})
 	done.AddPlot(Plot{File: "blockdev-cdf.svg", Kind: PlotCDF, Title: "cdf", Series: []string{"cdf"}})
 	done.Placements = []Placement{{Role: "ours", Allowed: "0-1", RanOn: []CPUShare{{CPU: 0, Samples: 3, Share: 0.75}, {CPU: 1, Samples: 1, Share: 0.25}}, Samples: 4}}

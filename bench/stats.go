@@ -12,11 +12,14 @@ import (
 // Percentile returns the p-th percentile (0 ≤ p ≤ 100) of sorted samples by
 // the nearest-rank method: the smallest sample such that at least p% of the
 // samples are less than or equal to it. It is exact (no interpolation, no
-// histogram buckets) and 0 for no samples. sorted must be in ascending order.
-func Percentile(sorted []time.Duration, p float64) time.Duration {
+// histogram buckets) and zero for no samples. sorted must be in ascending
+// order. It is the one percentile rule of the bench: latencies, per-round
+// values and the median of rounds all go through it.
+func Percentile[T cmp.Ordered](sorted []T, p float64) T {
 	n := len(sorted)
 	if n == 0 {
-		return 0
+		var zero T
+		return zero
 	}
 	if p <= 0 {
 		return sorted[0]

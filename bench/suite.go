@@ -17,25 +17,51 @@ import (
 type Mode string
 
 const (
-	// ModeQuick keeps the whole suite within ten minutes: small files,
-	// seconds per measurement. It is the default.
+	// ModeQuick keeps the whole suite, MinRounds rounds of every judged
+	// point, within fifteen minutes: small files, about a second per
+	// measurement. It is the default.
 	ModeQuick Mode = "quick"
 	// ModeFull uses larger sizes and longer runs (BENCH=full).
 	ModeFull Mode = "full"
+	// ModeSmoke runs every experiment once with the quick sizes and judges
+	// nothing: a check that the suite works end to end.
+	ModeSmoke Mode = "smoke"
 )
 
-// ParseMode accepts "quick" and "full".
+// ParseMode accepts "quick", "full" and "smoke".
 func ParseMode(s string) (Mode, error) {
 	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
-	case ModeQuick, ModeFull:
+	case ModeQuick, ModeFull, ModeSmoke:
 		return m, nil
 	case "":
 		return ModeQuick, nil
 	}
-	return "", fmt.Errorf("unknown benchmark mode %q (want quick or full)", s)
+	return "", fmt.Errorf("unknown benchmark mode %q (want quick, full or smoke)", s)
 }
 
-// ByMode picks the quick or the full value of a parameter.
+// Rounds is how many rounds of every judged point the mode runs: MinRounds,
+// or one in smoke mode.
+func (m Mode) Rounds() int {
+	if m == ModeSmoke {
+		return 1
+	}
+	return MinRounds
+}
+
+// WarmUp is the bench's one warm-up rule: every timed measurement first
+// runs its workload for WarmUp and discards what it measured then (fio's
+// ramp_time, the bench's own warm-up before timing), so that connections,
+// caches and CPU frequency have settled. A cache being filled to a steady
+// hit ratio is not a warm-up of this kind: the experiments that need one
+// say how long it runs.
+func WarmUp(m Mode) time.Duration { return ByMode(m, 250*time.Millisecond, 2*time.Second) }
+
+// WarmUpOps is the same rule for a measurement counted in operations: a
+// tenth of n (at least one, at most 500) run untimed before the n timed
+// ones.
+func WarmUpOps(n int) int { return min(n/10+1, 500) }
+
+// ByMode picks the quick (and smoke) or the full value of a parameter.
 func ByMode[T any](m Mode, quick, full T) T {
 	if m == ModeFull {
 		return full
@@ -58,6 +84,11 @@ type Env struct {
 	Log  *slog.Logger
 	// Tools finds (and may install) external tools.
 	Tools *Tools
+	// Round is the index of the round the suite is running (from 0): an
+	// experiment that alternates its cases starts every other round in
+	// reverse (bench.RoundOrder(n, env.Round)), so that over the rounds
+	// neither the subject nor the baseline always goes first.
+	Round int
 }
 
 // Dir returns (creating it) the raw-output directory of an experiment.
@@ -86,8 +117,15 @@ type Spec struct {
 	Goals []string
 	// Run measures and returns the experiment's record (Name, Title, Goals,
 	// Status and timing are filled in by the suite). On error a partial
-	// record may be returned; the suite marks it failed.
+	// record may be returned; the suite marks it failed. The suite calls Run
+	// env.Mode.Rounds() times and merges the rounds (see mergeRounds),
+	// unless RoundsInside is set.
 	Run func(ctx context.Context, env *Env) (*Experiment, error)
+	// RoundsInside says that Run interleaves env.Mode.Rounds() rounds itself
+	// and reports figures built with RoundsFigure: the suite calls it once.
+	// It suits an experiment whose set-up (a guest boot) costs more than a
+	// round.
+	RoundsInside bool
 }
 
 // Pending reports whether the experiment is not built yet.
@@ -140,13 +178,57 @@ func RunSuite(ctx context.Context, specs []Spec, env *Env, only []string) (*Run,
 			exp.Note("not run: the suite was interrupted (%v)", context.Cause(ctx))
 		default:
 			log.Info("experiment start", "name", spec.Name, "mode", env.Mode)
-			exp = runOne(ctx, spec, env)
+			exp = runRounds(ctx, spec, env)
 			log.Info("experiment end", "name", spec.Name, "status", exp.Status, "seconds", fmt.Sprintf("%.1f", exp.Seconds), "error", exp.Error)
 		}
 		run.Experiments = append(run.Experiments, exp)
 	}
 	run.Finished = time.Now().UTC()
 	return run, nil
+}
+
+// runRounds runs an experiment's rounds and merges them: a failed round
+// fails the experiment, keeping the rounds before it.
+func runRounds(ctx context.Context, spec Spec, env *Env) *Experiment {
+	n := env.Mode.Rounds()
+	if spec.RoundsInside {
+		n = 1
+	}
+	start := time.Now()
+	var done []*Experiment
+	var failed *Experiment
+	for r := range n {
+		if n > 1 {
+			env.Logger().Info("round", "name", spec.Name, "round", r+1, "of", n)
+		}
+		env.Round = r
+		exp := runOne(ctx, spec, env)
+		if exp.Status == StatusFailed {
+			failed = exp
+			break
+		}
+		done = append(done, exp)
+		if ctx.Err() != nil && r+1 < n {
+			failed = exp
+			failed.Status, failed.Error = StatusFailed, fmt.Sprintf("interrupted after %d of %d rounds: %v", r+1, n, context.Cause(ctx))
+			break
+		}
+	}
+	exp := mergeRounds(done)
+	if failed != nil {
+		if len(done) == 0 {
+			exp = failed
+		}
+		exp.Status, exp.Error = StatusFailed, failed.Error
+	}
+	exp.Name, exp.Title, exp.Goals = spec.Name, spec.Title, spec.Goals
+	exp.Started = start.UTC()
+	exp.Seconds = time.Since(start).Seconds()
+	if exp.Status == "" {
+		exp.Status = StatusDone
+	}
+	judge(exp)
+	return exp
 }
 
 func runOne(ctx context.Context, spec Spec, env *Env) (exp *Experiment) {

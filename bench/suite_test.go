@@ -39,8 +39,8 @@ func TestRunSuite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(ran, ",") != "ok,fails,panics" {
-		t.Fatalf("ran %v", ran)
+	if strings.Join(ran, ",") != "ok,ok,ok,ok,ok,fails,panics" {
+		t.Fatalf("ran %v: want five rounds of ok, and fails and panics stopped at their first", ran)
 	}
 	got := map[string]*Experiment{}
 	for _, e := range r.Experiments {
@@ -70,7 +70,7 @@ func TestRunSuite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(ran, ",") != "ok,fails" || r.Experiment("panics").Status != StatusNotRun || r.Experiment("later").Status != StatusPending {
+	if strings.Join(ran, ",") != "ok,ok,ok,ok,ok,fails" || r.Experiment("panics").Status != StatusNotRun || r.Experiment("later").Status != StatusPending {
 		t.Fatalf("--only: ran %v, statuses %v %v", ran, r.Experiment("panics").Status, r.Experiment("later").Status)
 	}
 
@@ -89,7 +89,7 @@ func TestRunSuite(t *testing.T) {
 }
 
 func TestParseModeAndByMode(t *testing.T) {
-	for in, want := range map[string]Mode{"quick": ModeQuick, "FULL": ModeFull, "": ModeQuick, " full ": ModeFull} {
+	for in, want := range map[string]Mode{"quick": ModeQuick, "FULL": ModeFull, "": ModeQuick, " full ": ModeFull, "smoke": ModeSmoke} {
 		if got, err := ParseMode(in); err != nil || got != want {
 			t.Errorf("ParseMode(%q) = %v, %v", in, got, err)
 		}
@@ -110,5 +110,93 @@ func TestEnvDir(t *testing.T) {
 	}
 	if (&Env{}).Logger() == nil {
 		t.Fatal("no default logger")
+	}
+}
+
+// TestRoundsJudgedOnMedian runs an experiment whose ratio moves from round to
+// round: the suite runs MinRounds rounds, the figure's ratio is the median
+// of the per-round ratios, min and max are kept, and the verdict follows the
+// median, not the last or the best round.
+func TestRoundsJudgedOnMedian(t *testing.T) {
+	goal := Goal{Text: "≤ 1.1× base", Op: AtMost, Threshold: 1.1}
+	values := []float64{150, 100, 120, 90, 130} // against a baseline of 100
+	round := 0
+	spec := Spec{Name: "noisy", Run: func(ctx context.Context, env *Env) (*Experiment, error) {
+		if env.Round != round {
+			t.Errorf("env.Round %d in round %d", env.Round, round)
+		}
+		e := &Experiment{}
+		e.Note("round %d", round+1)
+		e.Add(NewFigure("p50", values[round], "µs", "base", 100).WithGoal(goal))
+		e.Add(NewFigure("info", 1, "", "base", 2))
+		if round == 0 {
+			e.Add(NewFigure("once", 1, "", "base", 2))
+		}
+		round++
+		return e, nil
+	}}
+	r, err := RunSuite(context.Background(), []Spec{spec}, quietEnv(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := r.Experiment("noisy")
+	f, ok := e.Figure("p50")
+	if !ok || round != MinRounds || e.Status != StatusDone {
+		t.Fatalf("ran %d rounds, status %s, figure %v", round, e.Status, ok)
+	}
+	lo, hi := f.RatioRange()
+	if f.Ratio != 1.2 || lo != 0.9 || hi != 1.5 || f.Rounds() != MinRounds || f.Value != 120 || f.BaselineValue != 100 {
+		t.Fatalf("merged figure: ratio %v range %v–%v rounds %d value %v baseline %v", f.Ratio, lo, hi, f.Rounds(), f.Value, f.BaselineValue)
+	}
+	if !f.Judged() || f.Met == nil || *f.Met {
+		t.Fatalf("verdict on the median 1.2 against ≤ 1.1 must be not met: %v", f.Met)
+	}
+	// The plots and notes come from the median round (the third, ratio 1.2).
+	if e.Notes[0] != "round 3" || !strings.Contains(e.Notes[1], "from round 3") || !strings.Contains(e.Notes[2], `"once" (1)`) {
+		t.Fatalf("notes %q", e.Notes)
+	}
+
+	// Smoke mode runs one round and judges nothing.
+	round = 0
+	env := quietEnv(t)
+	env.Mode = ModeSmoke
+	r, _ = RunSuite(context.Background(), []Spec{spec}, env, nil)
+	f, _ = r.Experiment("noisy").Figure("p50")
+	if round != 1 || f.Judged() || f.Met != nil {
+		t.Fatalf("smoke: %d rounds, judged %v, met %v", round, f.Judged(), f.Met)
+	}
+}
+
+// TestRoundsInside: an experiment that interleaves its own rounds is run
+// once and judged on the figures it built with RoundsFigure.
+func TestRoundsInside(t *testing.T) {
+	calls := 0
+	goal := Goal{Text: "≥ 0.7×", Op: AtLeast, Threshold: 0.7}
+	spec := Spec{Name: "guest", RoundsInside: true, Run: func(ctx context.Context, env *Env) (*Experiment, error) {
+		calls++
+		e := &Experiment{}
+		n := env.Mode.Rounds()
+		e.Add(RoundsFigure("iops", "IOPS", "kernel", []float64{80, 60, 75, 90, 72}[:n], []float64{100, 100, 100, 100, 100}[:n]).WithGoal(goal))
+		return e, nil
+	}}
+	r, _ := RunSuite(context.Background(), []Spec{spec}, quietEnv(t), nil)
+	f, _ := r.Experiment("guest").Figure("iops")
+	if calls != 1 || f.Ratio != 0.75 || !f.Judged() || f.Met == nil || !*f.Met {
+		t.Fatalf("calls %d ratio %v judged %v met %v", calls, f.Ratio, f.Judged(), f.Met)
+	}
+	if lo, hi := f.RatioRange(); lo != 0.6 || hi != 0.9 {
+		t.Fatalf("range %v–%v", lo, hi)
+	}
+}
+
+// TestRoundsFigureZeroBaseline: a round with no baseline gives no ratio and
+// is not counted.
+func TestRoundsFigureZeroBaseline(t *testing.T) {
+	f := RoundsFigure("x", "", "b", []float64{1, 2, 3}, []float64{1, 0, 2})
+	if f.Rounds() != 2 || f.Ratio != 1 {
+		t.Fatalf("rounds %d ratio %v (ratios %v)", f.Rounds(), f.Ratio, f.RoundRatios)
+	}
+	if f := RoundsFigure("x", "", "b", []float64{1}, []float64{0}); f.Rounds() != 0 || f.Notes == "" {
+		t.Fatalf("all-zero baseline: %+v", f)
 	}
 }

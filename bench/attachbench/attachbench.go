@@ -34,13 +34,15 @@ var (
 // Config sizes the experiment.
 type Config struct {
 	Rounds  int
-	Runtime time.Duration // of each fio job, after a 1 s ramp
-	Size    int64         // of the in-memory namespace, read at random
+	Runtime time.Duration // of each fio job, after Ramp
+	Ramp    time.Duration
+	Size    int64 // of the in-memory namespace, read at random
 }
 
-// DefaultConfig returns the sizes for a mode: 5 interleaved rounds.
+// DefaultConfig returns the sizes for a mode: the mode's rounds,
+// interleaved in one guest (a boot under TCG costs more than a round).
 func DefaultConfig(m bench.Mode) Config {
-	return Config{Rounds: 5, Runtime: bench.ByMode(m, 3*time.Second, 10*time.Second), Size: 64 << 20}
+	return Config{Rounds: m.Rounds(), Runtime: bench.ByMode(m, time.Second, 10*time.Second), Ramp: bench.WarmUp(m), Size: 64 << 20}
 }
 
 // Spec declares the experiment for the suite; repo is the module's root.
@@ -49,6 +51,8 @@ func Spec(repo string) bench.Spec {
 		Name:  Name,
 		Title: "Attach modes in the guest lab: ublk vs kernel NBD vs FUSE+loop vs the NBD socket, 4 KiB random reads",
 		Goals: []string{GoalQD1.Text, GoalQD32.Text},
+		// One guest runs every round.
+		RoundsInside: true,
 		Run: func(ctx context.Context, env *bench.Env) (*bench.Experiment, error) {
 			return Measure(ctx, env, repo, DefaultConfig(env.Mode))
 		},
@@ -87,7 +91,7 @@ for r in $(seq "$ROUNDS"); do
 		use=$(cat /dev/shm/$m.use)
 		if [ $m = nbd ]; then target="--ioengine=nbd --uri=$use"; else target="--ioengine=libaio --direct=1 --filename=$use"; fi
 		for qd in 1 32; do
-			fio --name=$m --rw=randread --bs=4k --iodepth=$qd --size=$SIZE --time_based --runtime="$RUNTIME" --ramp_time=1 \
+			fio --name=$m --rw=randread --bs=4k --iodepth=$qd --size=$SIZE --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" \
 				--lat_percentiles=1 $target --output-format=json >"$LAB_OUT/$r-$m-qd$qd.json"
 		done
 	done
@@ -123,8 +127,8 @@ func Measure(ctx context.Context, env *bench.Env, repo string, cfg Config) (*ben
 	res, err := lab.Run(ctx, lab.Spec{
 		Modules: []string{"ublk_drv", "nbd", "loop", "fuse"},
 		Env: map[string]string{"MEMSERVE": memserve, "ROUNDS": fmt.Sprint(cfg.Rounds), "SIZE": fmt.Sprint(cfg.Size),
-			"RUNTIME": fmt.Sprintf("%ds", int(cfg.Runtime/time.Second))},
-		Timeout: time.Duration(cfg.Rounds)*8*(cfg.Runtime+2*time.Second) + 3*time.Minute,
+			"RUNTIME": bench.FioTime(cfg.Runtime), "RAMP": bench.FioTime(cfg.Ramp)},
+		Timeout: time.Duration(cfg.Rounds)*8*(cfg.Runtime+cfg.Ramp+5*time.Second) + 3*time.Minute,
 		Script:  script,
 	})
 	if err != nil {
@@ -178,28 +182,27 @@ func Measure(ctx context.Context, env *bench.Env, repo string, cfg Config) (*ben
 		"namespace, not the target: through the initiator and the target each 4 KiB read costs tens of milliseconds of CPU under TCG "+
 		"in either process, the same in every mode, which hides the attach paths' differences. Each round runs, for each mode in "+
 		"turn (each round starting one mode further on), fio 4 KiB random reads over the whole namespace at QD1 then QD32 for %v "+
-		"after a 1 s ramp: libaio with O_DIRECT on the block devices, fio's nbd engine on the NBD socket. The latency is fio's total "+
+		"after a %v ramp: libaio with O_DIRECT on the block devices, fio's nbd engine on the NBD socket. The latency is fio's total "+
 		"latency (submission to completion: the kernel's NBD client sends a request inside io_submit, so its completion latency "+
-		"alone would leave out most of its cost). %d rounds; the figures are medians of the rounds. Measured under TCG: only the "+
+		"alone would leave out most of its cost). %d rounds; a figure's ratio is the median of the per-round ratios. Measured under TCG: only the "+
 		"ratios between modes mean anything, not the absolute figures.",
-		bench.FormatBytes(cfg.Size), cfg.Runtime, cfg.Rounds)
+		bench.FormatBytes(cfg.Size), cfg.Runtime, cfg.Ramp, cfg.Rounds)
 	exp.AddParam("rounds", cfg.Rounds)
 	exp.AddParam("fio runtime per job", cfg.Runtime)
 	exp.AddParam("namespace (in memory)", bench.FormatBytes(cfg.Size))
 	exp.AddParam("guest boot (this machine's clock)", res.Boot.Round(100*time.Millisecond))
 	fuse := 2
-	median := func(xs []float64) float64 { return xs[bench.MedianIndex(xs)] }
 	for i, m := range modes {
 		if i == fuse {
 			continue
 		}
-		f := bench.NewFigure(m.label+": randread QD1 p50", median(p50[i]), "µs", modes[fuse].label, median(p50[fuse])).
+		f := bench.RoundsFigure(m.label+": randread QD1 p50", "µs", modes[fuse].label, p50[i], p50[fuse]).
 			WithNotes(fmt.Sprintf("measured under TCG; per round: %s; baseline %s", bench.RoundList(p50[i]), bench.RoundList(p50[fuse])))
 		if m.key == "ublk" {
 			f = f.WithGoal(GoalQD1)
 		}
 		exp.Add(f)
-		f = bench.NewFigure(m.label+": randread QD32 IOPS", median(iops[i]), "IOPS", modes[fuse].label, median(iops[fuse])).
+		f = bench.RoundsFigure(m.label+": randread QD32 IOPS", "IOPS", modes[fuse].label, iops[i], iops[fuse]).
 			WithNotes(fmt.Sprintf("measured under TCG; per round: %s; baseline %s", bench.RoundList(iops[i]), bench.RoundList(iops[fuse])))
 		if m.key == "ublk" {
 			f = f.WithGoal(GoalQD32)
@@ -210,8 +213,8 @@ func Measure(ctx context.Context, env *bench.Env, repo string, cfg Config) (*ben
 	var lat, thr []bench.Point
 	for i, m := range modes {
 		cats[i] = m.label
-		lat = append(lat, bench.Point{X: float64(i), Y: median(p50[i])})
-		thr = append(thr, bench.Point{X: float64(i), Y: median(iops[i])})
+		lat = append(lat, bench.Point{X: float64(i), Y: bench.Median(p50[i])})
+		thr = append(thr, bench.Point{X: float64(i), Y: bench.Median(iops[i])})
 		exp.Note("%s: QD1 p50 spread %.0f%%, QD32 IOPS spread %.0f%% across rounds (max-min over mean).", m.label,
 			100*bench.Spread(p50[i]), 100*bench.Spread(iops[i]))
 	}

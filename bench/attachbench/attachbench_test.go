@@ -26,7 +26,7 @@ func TestAttachModesSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := &bench.Env{Mode: bench.ModeQuick, OutDir: t.TempDir(), ScratchDir: t.TempDir(), Tools: &bench.Tools{}}
-	exp, err := Measure(context.Background(), env, root, Config{Rounds: 1, Runtime: 2 * time.Second, Size: 16 << 20})
+	exp, err := Measure(context.Background(), env, root, Config{Rounds: 1, Runtime: 2 * time.Second, Ramp: time.Second, Size: 16 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

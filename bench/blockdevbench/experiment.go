@@ -42,18 +42,20 @@ type Config struct {
 	KeepFile bool
 }
 
-// DefaultConfig returns the sizes for a mode: quick stays near a minute and
-// a half of measuring, full uses a 4 GiB file and longer runs.
+// DefaultConfig returns the sizes of one round for a mode (the suite runs
+// the rounds): quick measures about 15 s, full uses a 4 GiB file and longer
+// runs.
 func DefaultConfig(m bench.Mode) Config {
 	return Config{
-		FileSize:     bench.ByMode[int64](m, 1<<30, 4<<30),
-		Runtime:      bench.ByMode(m, 4*time.Second, 15*time.Second),
-		Warmup:       bench.ByMode(m, 500*time.Millisecond, 2*time.Second),
-		Rounds:       bench.ByMode(m, 2, 3),
-		QD:           32,
-		SweepDepths:  []int{1, 2, 4, 8, 16, 32},
-		SweepRuntime: bench.ByMode(m, 1500*time.Millisecond, 5*time.Second),
-		SweepWarmup:  bench.ByMode(m, 300*time.Millisecond, time.Second),
+		FileSize: bench.ByMode[int64](m, 512<<20, 4<<30),
+		Runtime:  bench.ByMode(m, time.Second, 10*time.Second),
+		Warmup:   bench.WarmUp(m),
+		Rounds:   1,
+		QD:       32,
+		// The sweep is reported, not judged: full mode only.
+		SweepDepths:  bench.ByMode(m, nil, []int{1, 2, 4, 8, 16, 32}),
+		SweepRuntime: bench.ByMode(m, 500*time.Millisecond, 5*time.Second),
+		SweepWarmup:  bench.WarmUp(m),
 	}
 }
 
@@ -90,13 +92,11 @@ func (c caseDef) fioArgs(path string, dur, warmup time.Duration) []string {
 		"--rw=randread", "--bs=4k", "--direct=1",
 		"--ioengine=" + c.engine, "--iodepth=" + strconv.Itoa(c.qd),
 		"--numjobs=" + strconv.Itoa(c.jobs), "--group_reporting",
-		"--time_based", "--runtime=" + ms(dur), "--ramp_time=" + ms(warmup),
+		"--time_based", "--runtime=" + bench.FioTime(dur), "--ramp_time=" + bench.FioTime(warmup),
 		// Uniform offsets with replacement, as our reader draws them.
 		"--norandommap", "--randrepeat=0",
 	}
 }
-
-func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
 
 // measurement is one case measured once.
 type measurement struct {
@@ -284,7 +284,7 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 		order := make([]int, len(cases))
 		for i := range order {
 			order[i] = i
-			if round%2 == 1 {
+			if (env.Round+round)%2 == 1 {
 				order[i] = len(cases) - 1 - i
 			}
 		}
@@ -311,7 +311,7 @@ func Measure(ctx context.Context, env *bench.Env, cfg Config) (*bench.Experiment
 		"then read with 4 KiB O_DIRECT reads at uniformly random page offsets (drawn with replacement, like fio's norandommap). "+
 		"Ours is blockdev.File.ReadAt called from 1 goroutine (QD1) and from %d goroutines (QD%d), the latter also with GOMAXPROCS raised to %d, and both again on the file opened WithIOUring; every read's first word is checked and 256 pages are verified in full before and after. "+
 		"The baseline is fio %s on the same file in the same run: psync with 1 job (QD1), libaio with iodepth=%d, and psync with %d jobs (the like-for-like comparison for %d blocking readers). "+
-		"Each measurement runs %v after a %v warm-up; ours and fio alternate, in reverse order every other round, over %d rounds, and each figure is the mean of the per-round values. "+
+		"Each measurement runs %v after a %v warm-up; ours and fio alternate (in reverse order every other round when a run has %d rounds). "+
 		"Latency is the time of one read: ours the wall time around ReadAt, fio its completion latency (clat). "+
 		"A sweep over queue depths (%v s each) gives IOPS against queue depth.",
 		bench.FormatBytes(cfg.FileSize), dir, fsName(dir), cfg.QD, cfg.QD, cfg.QD, orUnknown(rn.fioVer), cfg.QD, cfg.QD, cfg.QD,

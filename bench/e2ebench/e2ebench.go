@@ -26,7 +26,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -212,5 +211,3 @@ func (p *placements) sampleDuring(procs map[string]int, pinned bool, fn func() e
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
-
-func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -109,98 +108,6 @@ func TestMemoryForLeavesTheBudgetResident(t *testing.T) {
 	}
 }
 
-// seedNBDReplies are valid and invalid server messages for the decoders.
-func seedNBDReplies() [][]byte {
-	greeting := binary.BigEndian.AppendUint64(nil, nbdMagic)
-	greeting = binary.BigEndian.AppendUint64(greeting, nbdOptMagic)
-	greeting = binary.BigEndian.AppendUint16(greeting, nbdFlagFixed|nbdFlagNoZeroes)
-	export := binary.BigEndian.AppendUint64(nil, 1<<30)
-	export = binary.BigEndian.AppendUint16(export, nbd.FlagHasFlags|nbd.FlagSendFlush)
-	reply := binary.BigEndian.AppendUint32(nil, nbdSimpleReply)
-	reply = binary.BigEndian.AppendUint32(reply, 0)
-	reply = binary.BigEndian.AppendUint64(reply, 0x6e7072646d61)
-	bad := bytes.Clone(greeting)
-	bad[0] ^= 1
-	return [][]byte{greeting, export, reply, bad, greeting[:17], {}}
-}
-
-// TestNBDDecoders: each decoder accepts its message and names what is
-// wrong with a damaged one.
-func TestNBDDecoders(t *testing.T) {
-	s := seedNBDReplies()
-	if flags, err := parseNBDGreeting(s[0]); err != nil || flags != nbdFlagFixed|nbdFlagNoZeroes {
-		t.Fatalf("greeting: flags %#x, %v", flags, err)
-	}
-	if size, flags, err := parseNBDExport(s[1]); err != nil || size != 1<<30 || flags&nbd.FlagSendFlush == 0 {
-		t.Fatalf("export: %d %#x %v", size, flags, err)
-	}
-	if errno, cookie, err := parseNBDReply(s[2]); err != nil || errno != 0 || cookie != 0x6e7072646d61 {
-		t.Fatalf("reply: %d %#x %v", errno, cookie, err)
-	}
-	for _, c := range []struct {
-		name string
-		err  error
-		want string
-	}{
-		{"bad magic", func() error { _, err := parseNBDGreeting(s[3]); return err }(), "greeting magic"},
-		{"short greeting", func() error { _, err := parseNBDGreeting(s[4]); return err }(), "17 bytes"},
-		{"oldstyle", func() error {
-			b := bytes.Clone(s[0])
-			binary.BigEndian.PutUint64(b[8:], 0x00420281861253)
-			_, err := parseNBDGreeting(b)
-			return err
-		}(), "not a newstyle server"},
-		{"not fixed", func() error {
-			b := bytes.Clone(s[0])
-			b[17] = 0
-			_, err := parseNBDGreeting(b)
-			return err
-		}(), "not fixed newstyle"},
-		{"no HAS_FLAGS", func() error { _, _, err := parseNBDExport(make([]byte, 10)); return err }(), "HAS_FLAGS"},
-		{"structured reply", func() error {
-			b := bytes.Clone(s[2])
-			binary.BigEndian.PutUint32(b, 0x668e33ef)
-			_, _, err := parseNBDReply(b)
-			return err
-		}(), "reply magic"},
-	} {
-		if !errors.Is(c.err, errNBDProtocol) || !strings.Contains(c.err.Error(), c.want) {
-			t.Errorf("%s: %v, want a protocol error mentioning %q", c.name, c.err, c.want)
-		}
-	}
-}
-
-// FuzzNBDReplies feeds arbitrary server bytes to the client's decoders:
-// they never panic, and what they accept re-encodes to the same bytes.
-func FuzzNBDReplies(f *testing.F) {
-	for _, s := range seedNBDReplies() {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		if flags, err := parseNBDGreeting(b); err == nil {
-			re := binary.BigEndian.AppendUint64(nil, nbdMagic)
-			re = binary.BigEndian.AppendUint64(re, nbdOptMagic)
-			re = binary.BigEndian.AppendUint16(re, flags)
-			if !bytes.Equal(re, b[:nbdGreetingSize]) {
-				t.Fatalf("greeting %x decoded to flags %#x", b[:nbdGreetingSize], flags)
-			}
-		}
-		if size, flags, err := parseNBDExport(b); err == nil {
-			re := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint64(nil, size), flags)
-			if !bytes.Equal(re, b[:nbdExportInfo]) || flags&nbd.FlagHasFlags == 0 {
-				t.Fatalf("export info %x decoded to %d %#x", b[:nbdExportInfo], size, flags)
-			}
-		}
-		if errno, cookie, err := parseNBDReply(b); err == nil {
-			re := binary.BigEndian.AppendUint32(nil, nbdSimpleReply)
-			re = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(re, errno), cookie)
-			if !bytes.Equal(re, b[:nbdReplySize]) {
-				t.Fatalf("reply %x decoded to %d %#x", b[:nbdReplySize], errno, cookie)
-			}
-		}
-	})
-}
-
 // TestNBDReadFromOurServer: the client reads the right bytes from the
 // project's NBD server (in-process, loopback TCP), and a read beyond the
 // export is refused before it is sent.
@@ -256,40 +163,6 @@ func TestNBDReadFromNBDKit(t *testing.T) {
 		if got, want := binary.BigEndian.Uint64(p[i:]), uint64(8*pageSize+i); got != want {
 			t.Fatalf("word at %d reads %#x, want %#x", 8*pageSize+i, got, want)
 		}
-	}
-}
-
-// TestChildWaitsForItsLineAndStops: a child's output line is found (also
-// when it came before the wait), an early exit is reported with its
-// output, and stop ends a process that ignores nothing.
-func TestChildWaitsForItsLineAndStops(t *testing.T) {
-	c, err := startChild("sh", []string{"sh", "-c", "echo first; echo ready at 42; exec sleep 60"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := c.waitLine(context.Background(), 10*time.Second, func(l string) bool { return strings.HasPrefix(l, "ready") })
-	if err != nil || l != "ready at 42" {
-		t.Fatalf("waitLine: %q %v", l, err)
-	}
-	// Again: the line is already in the output.
-	if l, err := c.waitLine(context.Background(), time.Second, func(l string) bool { return l == "first" }); err != nil || l != "first" {
-		t.Fatalf("waitLine for an earlier line: %q %v", l, err)
-	}
-	if err := c.stop(syscall.SIGTERM, 10*time.Second); err == nil || !strings.Contains(err.Error(), "signal") {
-		// sleep dies of SIGTERM: an exit by signal is reported.
-		t.Fatalf("stop: %v, want the signal reported", err)
-	}
-	if !c.exited() {
-		t.Fatal("child still running after stop")
-	}
-
-	e, err := startChild("sh", []string{"sh", "-c", "echo broken config >&2; exit 3"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = e.waitLine(context.Background(), 10*time.Second, func(l string) bool { return strings.Contains(l, "serving") })
-	if err == nil || !strings.Contains(err.Error(), "exited") || !strings.Contains(err.Error(), "broken config") {
-		t.Fatalf("early exit: %v", err)
 	}
 }
 

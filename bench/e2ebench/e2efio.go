@@ -52,11 +52,7 @@ type E2EConfig struct {
 	QD        int  // the high queue depth (32)
 	Mix       bool // also a randrw 70/30 row (resident, QD)
 	Loop      bool // also fio on loop devices (needs root, /dev/fuse, loop)
-	// PinQDs are the queue depths of the resident case measured again,
-	// once each, with CPU placements imposed (fio on one CPU and the
-	// servers on the other; everything on one CPU). None: no variants.
-	PinQDs []int
-	Dir    string
+	Dir       string
 }
 
 // DefaultE2EConfig returns the sizes for a mode.
@@ -65,14 +61,15 @@ func DefaultE2EConfig(m bench.Mode) E2EConfig {
 		ResidentSize: bench.ByMode[int64](m, 256<<20, 1<<30),
 		SSDSize:      bench.ByMode[int64](m, 1<<30, 4<<30),
 		SSDMemory:    bench.ByMode[int64](m, 256<<20, 1<<30),
-		SSDWarmup:    bench.ByMode(m, 3*time.Second, 15*time.Second),
-		Runtime:      bench.ByMode(m, 1500*time.Millisecond, 10*time.Second),
-		Ramp:         bench.ByMode(m, 300*time.Millisecond, 2*time.Second),
-		Rounds:       bench.ByMode(m, 2, 3),
+		SSDWarmup:    bench.ByMode(m, 1500*time.Millisecond, 15*time.Second),
+		Runtime:      bench.ByMode(m, time.Second, 10*time.Second),
+		Ramp:         bench.WarmUp(m),
+		Rounds:       m.Rounds(),
 		QD:           32,
-		Mix:          true,
-		Loop:         true,
-		PinQDs:       bench.ByMode(m, []int{1}, []int{1, 32}),
+		// The mix and the loop devices are reported, not judged: full mode
+		// only, to keep the quick suite short.
+		Mix:  m == bench.ModeFull,
+		Loop: m == bench.ModeFull,
 	}
 }
 
@@ -83,6 +80,8 @@ func E2ESpec(bins *Binaries) bench.Spec {
 		Title: "fio through attach (NBD socket, loop device) against nbdkit chains with the same number of hops",
 		Goals: []string{E2EGoalQD1.Text, E2EGoalQD.Text, E2EStretch1.Text, E2EStretchQ.Text,
 			"SSD case (namespace 4× --memory, nbdkit file plugin on the same file) and fio on our loop device against a loop device over nbdfuse → nbdkit: reported"},
+		// One set-up (files, target, attachments, peers) serves every round.
+		RoundsInside: true,
 		Run: func(ctx context.Context, env *bench.Env) (*bench.Experiment, error) {
 			return MeasureE2E(ctx, env, bins, DefaultE2EConfig(env.Mode))
 		},
@@ -101,7 +100,7 @@ type e2eCase struct {
 
 func (c e2eCase) args(runtime, ramp time.Duration) []string {
 	a := []string{"--name=" + c.key, "--rw=" + c.rw, "--bs=4k", "--iodepth=" + strconv.Itoa(c.qd), "--numjobs=1",
-		"--time_based", "--runtime=" + ms(runtime), "--ramp_time=" + ms(ramp), "--norandommap", "--randrepeat=0"}
+		"--time_based", "--runtime=" + bench.FioTime(runtime), "--ramp_time=" + bench.FioTime(ramp), "--norandommap", "--randrepeat=0"}
 	if c.rw == "randrw" {
 		a = append(a, "--rwmixread=70")
 	}
@@ -122,17 +121,27 @@ type e2eResult struct {
 // e2eRig is everything the experiment started; close tears it down in
 // reverse order.
 type e2eRig struct {
-	closers []func() error
-	notes   []string
+	// tgtBin and iniBin are the commands the experiment runs.
+	tgtBin, iniBin string
+	closers        []func() error
+	notes          []string
 }
 
 // onClose registers a teardown step.
 func (r *e2eRig) onClose(f func() error) { r.closers = append(r.closers, f) }
 
-// newE2ERig starts the rig of experiment name: a scratch directory under
-// dir (default env's), removed when the rig closes, and the directory of
-// its raw outputs.
-func newE2ERig(env *bench.Env, name, dir string) (rig *e2eRig, work, rawDir string, err error) {
+// newE2ERig starts the rig of experiment name, which compares ours with
+// nbdkit through fio: the peers (installed if allowed), the nprdma
+// commands, a scratch directory under dir (default env's), removed when the
+// rig closes, and the directory of its raw outputs.
+func newE2ERig(ctx context.Context, env *bench.Env, bins *Binaries, name, dir string) (rig *e2eRig, work, rawDir string, err error) {
+	if _, err := env.Tools.Require(ctx, "fio", "nbdkit", "nbdcopy"); err != nil {
+		return nil, "", "", err
+	}
+	rig = &e2eRig{}
+	if rig.tgtBin, rig.iniBin, err = bins.Resolve(ctx, env); err != nil {
+		return nil, "", "", err
+	}
 	if dir == "" {
 		dir = env.ScratchDir
 	}
@@ -143,7 +152,6 @@ func newE2ERig(env *bench.Env, name, dir string) (rig *e2eRig, work, rawDir stri
 		os.RemoveAll(work)
 		return nil, "", "", err
 	}
-	rig = &e2eRig{}
 	rig.onClose(func() error { return os.RemoveAll(work) })
 	return rig, work, rawDir, nil
 }
@@ -172,21 +180,15 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 	if cfg.Rounds < 1 || cfg.QD < 2 || cfg.Runtime <= 0 || cfg.SSDMemory >= cfg.SSDSize {
 		return nil, fmt.Errorf("e2e-fio: bad config: rounds %d, qd %d, runtime %v, SSD memory %d of %d", cfg.Rounds, cfg.QD, cfg.Runtime, cfg.SSDMemory, cfg.SSDSize)
 	}
-	if _, err := env.Tools.Require(ctx, "fio", "nbdkit", "nbdcopy"); err != nil {
-		return nil, err
-	}
 	if cfg.Loop {
 		// nbdfuse ships with nbdcopy; without it only the loop cases go.
 		env.Tools.Require(ctx, "nbdfuse", "losetup")
 	}
-	tgtBin, iniBin, err := bins.Resolve(ctx, env)
+	rig, work, rawDir, err := newE2ERig(ctx, env, bins, E2EName, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	rig, work, rawDir, err := newE2ERig(env, E2EName, cfg.Dir)
-	if err != nil {
-		return nil, err
-	}
+	tgtBin, iniBin := rig.tgtBin, rig.iniBin
 	defer rig.closeInto(E2EName, &err)
 	log := env.Logger()
 	qd := strconv.Itoa(cfg.QD)
@@ -204,26 +206,18 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 	}
 
 	// Ours: a target per case, each with nprdma-initiator attach --mode nbd.
-	startOurs := func(name, backing string, memory int64) (*targetProc, *child, string, error) {
+	startOurs := func(name, backing string, memory int64) (*targetProc, *bench.Child, string, error) {
 		dir := filepath.Join(work, name)
 		tp, err := startTarget(ctx, targetConfig{bin: tgtBin, backing: backing, memory: memory, dataDir: filepath.Join(dir, "meta")}, time.Minute)
 		if err != nil {
 			return nil, nil, "", err
 		}
 		rig.onClose(tp.shutdown)
-		sock := filepath.Join(dir, "nbd.sock")
-		// Its own run directory (attachment records), through the
-		// environment so that versions without --run-dir work too.
-		ap, err := startChild("nprdma-initiator attach", []string{iniBin, "--hostid-file", filepath.Join(dir, "hostid"), "attach", "--mode", "nbd",
-			"--target", tp.addr, "--nqn", benchNQN, "--socket", sock}, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
+		ap, sock, err := attachNBD(ctx, rig, iniBin, name, dir, tp.addr)
 		if err != nil {
 			return nil, nil, "", err
 		}
-		rig.onClose(func() error { return ap.stop(syscall.SIGTERM, 30*time.Second) })
-		if err := waitUnixSocket(ctx, ap, sock, 30*time.Second); err != nil {
-			return nil, nil, "", err
-		}
-		return tp, ap, "nbd+unix:///?socket=" + sock, nil
+		return tp, ap, nbdUnixURI(sock), nil
 	}
 	resTarget, resAttach, resURI, err := startOurs("resident", resFile, cfg.ResidentSize+32<<20)
 	if err != nil {
@@ -296,8 +290,8 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		rFUSE     = "nprdma-initiator attach (FUSE + loop)"
 		rNBDFuse  = "nbdfuse"
 	)
-	resProcs := map[string]int{rTarget + " (resident)": resTarget.pid(), rAttach + " (resident)": resAttach.pid()}
-	ssdProcs := map[string]int{rTarget + " (SSD)": ssdTarget.pid(), rAttach + " (SSD)": ssdAttach.pid()}
+	resProcs := map[string]int{rTarget + " (resident)": resTarget.PID(), rAttach + " (resident)": resAttach.PID()}
+	ssdProcs := map[string]int{rTarget + " (SSD)": ssdTarget.PID(), rAttach + " (SSD)": ssdAttach.PID()}
 	var cases []e2eCase
 	for _, q := range []int{1, cfg.QD} {
 		qs := strconv.Itoa(q)
@@ -329,7 +323,7 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 				qs := strconv.Itoa(q)
 				cases = append(cases,
 					e2eCase{key: "loop-ours-qd" + qs, label: "loop → nprdma-initiator attach (FUSE) → target", device: ours, rw: "randread", qd: q,
-						procs: map[string]int{rTarget + " (resident)": resTarget.pid(), rFUSE: oursPID}},
+						procs: map[string]int{rTarget + " (resident)": resTarget.PID(), rFUSE: oursPID}},
 					e2eCase{key: "loop-nbdfuse-qd" + qs, label: "loop → nbdfuse → nbdkit memory", device: peer, rw: "randread", qd: q,
 						procs: map[string]int{rNBDFuse: fusePID, rNBDKit: mem.PID}})
 			}
@@ -343,15 +337,10 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		return nil, err
 	}
 
-	variants, err := pinVariants(ctx, env, cfg, byKeyOf(results), &pl)
-	if err != nil {
-		return nil, err
-	}
-
 	exp = &bench.Experiment{Name: E2EName}
 	exp.Method = fmt.Sprintf("The same fio %s job (4 KiB, uniform offsets with replacement: norandommap) runs against each path, "+
 		"%v after a %v ramp, at QD1 and QD%d (one job; iodepth), over %d rounds in alternating order (reversed every other round); "+
-		"each figure is the mean of the per-round values, latency is fio's completion latency. "+
+		"a figure's ratio is the median of the per-round ratios, latency is fio's completion latency. "+
 		"Resident case (%s of per-page distinct data): ours is fio's nbd engine → nprdma-initiator attach --mode nbd (unix socket) → "+
 		"nprdma-target over nprdma/tcp on loopback, with --memory above the namespace and every page read once beforehand; the "+
 		"two-hop peer is fio's nbd engine → nbdkit's nbd plugin as a proxy (unix socket) → nbdkit's memory plugin over loopback TCP, "+
@@ -381,7 +370,7 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 			return bench.Figure{}, false
 		}
 		o, b := pick(ours), pick(base)
-		return bench.NewFigure(name, bench.MeanFloat(o), unit, base.def.label, bench.MeanFloat(b)).
+		return bench.RoundsFigure(name, unit, base.def.label, o, b).
 			WithNotes(fmt.Sprintf("per round: ours %s; baseline %s", bench.RoundList(o), bench.RoundList(b))), true
 	}
 	p50 := func(r *e2eResult) []float64 { return r.p50 }
@@ -473,9 +462,6 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 	bars("e2e-fio-p50-qd1.svg", "QD1 median read latency (mean of rounds)", "p50 (µs)", p50, "qd1", false)
 	bars("e2e-fio-iops-qd"+qd+".svg", "QD"+qd+" IOPS (mean of rounds)", "IOPS", iops, "qd"+qd, false)
 
-	if len(variants) > 0 {
-		addVariants(exp, variants, cfg.PinQDs)
-	}
 	exp.Placements = pl.list()
 	for _, r := range results {
 		noteNoise(exp, r.def.key+" p50", r.p50)
@@ -589,18 +575,18 @@ func measureCases(ctx context.Context, log *slog.Logger, name string, cases []e2
 }
 
 // waitUnixSocket waits until something accepts connections on path.
-func waitUnixSocket(ctx context.Context, c *child, path string, timeout time.Duration) error {
+func waitUnixSocket(ctx context.Context, c *bench.Child, path string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		if conn, err := net.Dial("unix", path); err == nil {
 			conn.Close()
 			return nil
 		}
-		if c.exited() {
-			return fmt.Errorf("%s exited before serving %s: %s", c.name, path, c.output(1200))
+		if c.Exited() {
+			return fmt.Errorf("%s exited before serving %s: %s", c.Name, path, c.Output(1200))
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: nothing accepts connections on %s after %v: %s", c.name, path, timeout, c.output(1200))
+			return fmt.Errorf("%s: nothing accepts connections on %s after %v: %s", c.Name, path, timeout, c.Output(1200))
 		}
 		select {
 		case <-ctx.Done():
@@ -645,14 +631,14 @@ func setupLoops(ctx context.Context, rig *e2eRig, iniBin, targetAddr string, mem
 	}
 
 	dir := filepath.Join(work, "loop")
-	ap, err := startChild("nprdma-initiator attach --mode fuse", []string{iniBin, "--hostid-file", filepath.Join(dir, "hostid"),
+	ap, err := bench.StartChild("nprdma-initiator attach --mode fuse", []string{iniBin, "--hostid-file", filepath.Join(dir, "hostid"),
 		"attach", "--mode", "fuse", "--name", "e2e-loop", "--json", "--target", targetAddr, "--nqn", benchNQN}, nil,
 		"NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
 	if err != nil {
 		return fail(err)
 	}
-	rig.onClose(func() error { return ap.stop(syscall.SIGTERM, time.Minute) })
-	line, err := ap.waitLine(ctx, time.Minute, func(l string) bool { return strings.Contains(l, `"device"`) })
+	rig.onClose(func() error { return ap.Stop(syscall.SIGTERM, time.Minute) })
+	line, err := ap.WaitLine(ctx, time.Minute, func(l string) bool { return strings.Contains(l, `"device"`) })
 	if err != nil {
 		return fail(err)
 	}
@@ -666,7 +652,7 @@ func setupLoops(ctx context.Context, rig *e2eRig, iniBin, targetAddr string, mem
 
 	mnt := mkdir(filepath.Join(work, "fuse-nbdfuse"))
 	pidFile := filepath.Join(work, "nbdfuse.pid")
-	nf, err := startChild("nbdfuse", []string{nbdfuse, "-P", pidFile, filepath.Join(mnt, "disk"), mem.URI}, nil)
+	nf, err := bench.StartChild("nbdfuse", []string{nbdfuse, "-P", pidFile, filepath.Join(mnt, "disk"), mem.URI}, nil)
 	if err != nil {
 		return fail(err)
 	}
@@ -674,8 +660,8 @@ func setupLoops(ctx context.Context, rig *e2eRig, iniBin, targetAddr string, mem
 		// nbdfuse exits by itself once its mount is gone; a signal is
 		// the fallback (its death by that signal is then no error).
 		out, uerr := exec.Command("umount", mnt).CombinedOutput()
-		if !nf.wait(10 * time.Second) {
-			nf.stop(syscall.SIGTERM, 10*time.Second)
+		if !nf.Wait(10 * time.Second) {
+			nf.Stop(syscall.SIGTERM, 10*time.Second)
 		}
 		if uerr != nil {
 			return fmt.Errorf("umount %s: %w: %s", mnt, uerr, strings.TrimSpace(string(out)))
@@ -686,8 +672,8 @@ func setupLoops(ctx context.Context, rig *e2eRig, iniBin, targetAddr string, mem
 		if b, err := os.ReadFile(pidFile); err == nil && len(strings.TrimSpace(string(b))) > 0 {
 			break
 		}
-		if nf.exited() || time.Now().After(deadline) {
-			return fail(fmt.Errorf("nbdfuse did not come up: %s", nf.output(600)))
+		if nf.Exited() || time.Now().After(deadline) {
+			return fail(fmt.Errorf("nbdfuse did not come up: %s", nf.Output(600)))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -711,7 +697,7 @@ func setupLoops(ctx context.Context, rig *e2eRig, iniBin, targetAddr string, mem
 			return fail(err)
 		}
 	}
-	return ours, ap.pid(), peer, nf.pid(), nil
+	return ours, ap.PID(), peer, nf.PID(), nil
 }
 
 func mkdir(p string) string {
@@ -739,118 +725,6 @@ func verifyDevice(path string, size int64) error {
 		}
 	}
 	return nil
-}
-
-func byKeyOf(results []*e2eResult) map[string]*e2eResult {
-	m := map[string]*e2eResult{}
-	for _, r := range results {
-		m[r.def.key] = r
-	}
-	return m
-}
-
-// pinVariant is one imposed CPU placement of the resident case.
-type pinVariant struct {
-	key, label   string
-	fio, servers []int
-	// by case key ("res-ours-qd1", ...): p50 (µs) and IOPS of one run
-	p50, iops map[string]float64
-}
-
-// pinVariants measures the resident paths again with fio and the servers
-// pinned: split (fio on one CPU, every server process on the other) and
-// one CPU (all of them on the same CPU). Waking a thread on the other vCPU
-// costs tens of microseconds here, so placement can change the picture.
-func pinVariants(ctx context.Context, env *bench.Env, cfg E2EConfig, byKey map[string]*e2eResult, pl *placements) ([]*pinVariant, error) {
-	if len(cfg.PinQDs) == 0 || len(env.CPUs) > 0 {
-		return nil, nil
-	}
-	allowed, err := bench.Affinity(0)
-	if err != nil || len(allowed) < 2 {
-		return nil, nil
-	}
-	a, b := allowed[0], allowed[1]
-	variants := []*pinVariant{
-		{key: "split", label: fmt.Sprintf("fio on CPU %d, servers on CPU %d", a, b), fio: []int{a}, servers: []int{b}},
-		{key: "onecpu", label: fmt.Sprintf("fio and servers on CPU %d", b), fio: []int{b}, servers: []int{b}},
-	}
-	log := env.Logger()
-	for _, v := range variants {
-		v.p50, v.iops = map[string]float64{}, map[string]float64{}
-		for _, q := range cfg.PinQDs {
-			for _, path := range []string{"res-ours", "res-2hop", "res-1hop"} {
-				r := byKey[path+"-qd"+strconv.Itoa(q)]
-				if r == nil {
-					continue
-				}
-				c := r.def
-				log.Info("e2e-fio: measuring a pinned variant", "case", c.key, "variant", v.key)
-				for _, pid := range c.procs {
-					if err := bench.PinProcess(pid, v.servers); err != nil {
-						return nil, err
-					}
-				}
-				var res bench.FioResult
-				err := pl.sampleDuring(prefixRoles(c.procs, v.key+": "), true, func() error {
-					var err error
-					res, err = bench.Fio{CPUs: v.fio}.Run(ctx, c.args(cfg.Runtime, cfg.Ramp)...)
-					return err
-				})
-				for _, pid := range c.procs {
-					if uerr := bench.PinProcess(pid, allowed); uerr != nil && err == nil {
-						err = uerr
-					}
-				}
-				if err != nil {
-					return nil, fmt.Errorf("e2e-fio %s (%s): %w", c.key, v.key, err)
-				}
-				fl := res.Placement
-				fl.Role, fl.Pinned = v.key+": fio ("+c.label+")", true
-				pl.add(fl)
-				rd := res.GroupRead(0)
-				v.p50[c.key] = bench.Micros(rd.P50)
-				v.iops[c.key] = rd.IOPS
-			}
-		}
-	}
-	return variants, nil
-}
-
-func prefixRoles(procs map[string]int, prefix string) map[string]int {
-	m := make(map[string]int, len(procs))
-	for r, pid := range procs {
-		m[prefix+r] = pid
-	}
-	return m
-}
-
-// addVariants reports the pinned variants next to each other: ours against
-// the two-hop and one-hop peers under the same placement.
-func addVariants(exp *bench.Experiment, variants []*pinVariant, qds []int) {
-	for _, v := range variants {
-		for _, q := range qds {
-			qs := strconv.Itoa(q)
-			ours, two, one := "res-ours-qd"+qs, "res-2hop-qd"+qs, "res-1hop-qd"+qs
-			if _, ok := v.p50[ours]; !ok {
-				continue
-			}
-			if q == 1 {
-				exp.Add(bench.NewFigure("pinned ("+v.label+"): resident QD1 p50 vs two-hop", v.p50[ours], "µs", "two-hop peer, same placement", v.p50[two]),
-					bench.NewFigure("pinned ("+v.label+"): resident QD1 p50 vs one-hop", v.p50[ours], "µs", "one-hop peer, same placement", v.p50[one]))
-			} else {
-				exp.Add(bench.NewFigure("pinned ("+v.label+"): resident QD"+qs+" IOPS vs two-hop", v.iops[ours], "IOPS", "two-hop peer, same placement", v.iops[two]),
-					bench.NewFigure("pinned ("+v.label+"): resident QD"+qs+" IOPS vs one-hop", v.iops[ours], "IOPS", "one-hop peer, same placement", v.iops[one]))
-			}
-		}
-	}
-	exp.Note("Pinned variants (one run each, after the main rounds): %s; figures named \"pinned (...)\" compare ours with the peers under the same placement.",
-		strings.Join(func() []string {
-			var l []string
-			for _, v := range variants {
-				l = append(l, v.label)
-			}
-			return l
-		}(), "; "))
 }
 
 // oneSidedShare reads n random pages and returns the share that completed

@@ -26,17 +26,21 @@ type GuestNVMeTCPConfig struct {
 	Rounds int
 	// Runtime of each fio run.
 	Runtime time.Duration
+	// Ramp is fio's --ramp_time before each run.
+	Ramp time.Duration
 	// NamespaceSize of both targets' namespaces (files in the guest's
 	// /dev/shm): nprdma-target's --memory is twice it, so both serve from
 	// DRAM and the figures compare the transports and controllers.
 	NamespaceSize int64
 }
 
-// DefaultGuestNVMeTCPConfig returns the sizes for a mode.
+// DefaultGuestNVMeTCPConfig returns the sizes for a mode: the mode's
+// rounds, in one guest (a boot under TCG costs more than a round).
 func DefaultGuestNVMeTCPConfig(m bench.Mode) GuestNVMeTCPConfig {
 	return GuestNVMeTCPConfig{
-		Rounds:        5,
-		Runtime:       bench.ByMode(m, 4*time.Second, 20*time.Second),
+		Rounds:        m.Rounds(),
+		Runtime:       bench.ByMode(m, 2*time.Second, 20*time.Second),
+		Ramp:          bench.WarmUp(m),
 		NamespaceSize: 256 << 20,
 	}
 }
@@ -47,6 +51,8 @@ func GuestNVMeTCPSpec(bins *Binaries) bench.Spec {
 		Name:  GuestNVMeTCPName,
 		Title: "The Linux kernel's NVMe/TCP host against nprdma-target and against the kernel's nvmet-tcp, in one guest (TCG)",
 		Goals: []string{GuestNVMeTCPGoal.Text, "QD1 p50 latency, ours against nvmet-tcp, reported"},
+		// One guest runs every round: a boot costs more than a round.
+		RoundsInside: true,
 		Run: func(ctx context.Context, env *bench.Env) (*bench.Experiment, error) {
 			return MeasureGuestNVMeTCP(ctx, env, bins, DefaultGuestNVMeTCPConfig(env.Mode))
 		},
@@ -84,7 +90,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
 	for who in $order; do
 		for qd in 32 1; do
 			fio --name=randread --filename="${dev[$who]}" --direct=1 --ioengine=libaio --rw=randread --bs=4k \
-				--iodepth="$qd" --norandommap --randrepeat=0 --time_based --runtime="$RUNTIME" --ramp_time=1 \
+				--iodepth="$qd" --norandommap --randrepeat=0 --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" \
 				--output-format=json --output="$LAB_OUT/r$r-$who-qd$qd.json"
 		done
 	done
@@ -120,7 +126,7 @@ func MeasureGuestNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cf
 		Env: map[string]string{
 			"TARGET": tgtBin, "SIZE": fmt.Sprint(cfg.NamespaceSize), "MEMORY": fmt.Sprint(2 * cfg.NamespaceSize),
 			"KNQN": "nqn.2026-11.io.nprdma:bench-nvmet", "ONQN": "nqn.2026-11.io.nprdma:bench-ours",
-			"ROUNDS": fmt.Sprint(cfg.Rounds), "RUNTIME": fmt.Sprint(int(cfg.Runtime / time.Second)),
+			"ROUNDS": fmt.Sprint(cfg.Rounds), "RUNTIME": bench.FioTime(cfg.Runtime), "RAMP": bench.FioTime(cfg.Ramp),
 		},
 		// Boot, two 256 MiB reads and 4 runs of Runtime+1 s per round,
 		// with room for TCG on a loaded machine.
@@ -142,7 +148,7 @@ func MeasureGuestNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cf
 		"nprdma-target (--memory %s, so every page is resident after one read) another of the same size, both on the guest's loopback; "+
 		"the kernel's NVMe/TCP host connects to both, reads each whole once, then runs fio 4 KiB randread (libaio, O_DIRECT, "+
 		"norandommap) for %v at QD32 and at QD1 against each, %d rounds alternating which target goes first. "+
-		"Figures are medians over the rounds of ours against nvmet-tcp.",
+		"A figure's ratio is the median of the per-round ratios of ours against nvmet-tcp.",
 		bench.FormatBytes(cfg.NamespaceSize), bench.FormatBytes(2*cfg.NamespaceSize), cfg.Runtime, cfg.Rounds)
 	exp.Params = []bench.Param{{Name: "rounds", Value: fmt.Sprint(cfg.Rounds)}, {Name: "runtime", Value: cfg.Runtime.String()},
 		{Name: "namespace", Value: bench.FormatBytes(cfg.NamespaceSize)}}
@@ -169,11 +175,10 @@ func MeasureGuestNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cf
 			}
 		}
 	}
-	median := func(xs []float64) float64 { return xs[bench.MedianIndex(xs)] }
 	exp.Add(
-		bench.NewFigure("QD32 IOPS, ours vs nvmet-tcp (TCG)", median(iops[1]), "IOPS", "the kernel's nvmet-tcp, same guest", median(iops[0])).
+		bench.RoundsFigure("QD32 IOPS, ours vs nvmet-tcp (TCG)", "IOPS", "the kernel's nvmet-tcp, same guest", iops[1], iops[0]).
 			WithGoal(GuestNVMeTCPGoal),
-		bench.NewFigure("QD1 p50, ours vs nvmet-tcp (TCG)", median(p50[1]), "µs", "the kernel's nvmet-tcp, same guest", median(p50[0])),
+		bench.RoundsFigure("QD1 p50, ours vs nvmet-tcp (TCG)", "µs", "the kernel's nvmet-tcp, same guest", p50[1], p50[0]),
 	)
 	exp.Note("Per round, QD32 IOPS: ours %s; nvmet-tcp %s. QD1 p50 µs: ours %s; nvmet-tcp %s.",
 		bench.RoundList(iops[1]), bench.RoundList(iops[0]), bench.RoundList(p50[1]), bench.RoundList(p50[0]))

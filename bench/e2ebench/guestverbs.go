@@ -27,8 +27,8 @@ var GuestVerbsGoal = bench.Goal{
 type GuestVerbsConfig struct {
 	// Rounds of each attachment, interleaved.
 	Rounds int
-	// Runtime of each fio run.
-	Runtime time.Duration
+	// Runtime of each fio run, after Ramp.
+	Runtime, Ramp time.Duration
 	// Budgets are the --memory values whose frame registration is timed.
 	Budgets []int64
 }
@@ -36,8 +36,9 @@ type GuestVerbsConfig struct {
 // DefaultGuestVerbsConfig returns the sizes for a mode.
 func DefaultGuestVerbsConfig(m bench.Mode) GuestVerbsConfig {
 	return GuestVerbsConfig{
-		Rounds:  bench.ByMode(m, 3, 5),
-		Runtime: bench.ByMode(m, 3*time.Second, 15*time.Second),
+		Rounds:  m.Rounds(),
+		Runtime: bench.ByMode(m, 2*time.Second, 15*time.Second),
+		Ramp:    bench.WarmUp(m),
 		Budgets: []int64{32 << 20, 128 << 20, 512 << 20},
 	}
 }
@@ -50,6 +51,8 @@ func GuestVerbsSpec(bins *Binaries) bench.Spec {
 		Goals: []string{GuestVerbsGoal.Text,
 			"frame registration time against the budget (linear) and against the namespace size (none), reported",
 			"the same fio job through attach over verbs against over the tcp provider, reported"},
+		// One guest runs every round: a boot costs more than a round.
+		RoundsInside: true,
 		Run: func(ctx context.Context, env *bench.Env) (*bench.Experiment, error) {
 			return MeasureGuestVerbs(ctx, env, bins, DefaultGuestVerbsConfig(env.Mode))
 		},
@@ -107,7 +110,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
 	for a in $order; do
 		for qd in 1 16; do
 			fio --name=randread --ioengine=nbd --uri="nbd+unix:///?socket=/dev/shm/$a.sock" --rw=randread --bs=4k \
-				--size=32M --iodepth="$qd" --norandommap --randrepeat=0 --time_based --runtime="$RUNTIME" \
+				--size=32M --iodepth="$qd" --norandommap --randrepeat=0 --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" \
 				--output-format=json --output="$LAB_OUT/r$r-$a-qd$qd.json"
 		done
 	done
@@ -145,7 +148,7 @@ func MeasureGuestVerbs(ctx context.Context, env *bench.Env, bins *Binaries, cfg 
 		Modules: []string{"rdma_rxe", "rdma_ucm"},
 		Script:  guestVerbsScript,
 		Env: map[string]string{"TARGET": tgt, "INITIATOR": ini, "BUDGETS": budgets,
-			"ROUNDS": fmt.Sprint(cfg.Rounds), "RUNTIME": fmt.Sprint(int(cfg.Runtime / time.Second))},
+			"ROUNDS": fmt.Sprint(cfg.Rounds), "RUNTIME": bench.FioTime(cfg.Runtime), "RAMP": bench.FioTime(cfg.Ramp)},
 		Timeout: 4*time.Minute + time.Duration(cfg.Rounds)*6*(cfg.Runtime+5*time.Second),
 	})
 	if res != nil {
@@ -165,7 +168,7 @@ func MeasureGuestVerbs(ctx context.Context, env *bench.Env, bins *Binaries, cfg 
 		"Reads: two targets of a 256 MiB namespace with --memory 512 MiB (all resident), one over verbs (read through frames), "+
 		"one over the tcp provider (read through the unpinned region); three attachments through the NBD socket "+
 		"(verbs one-sided, verbs --two-sided, tcp), each warmed by reading a 32 MiB hot set, then fio 4 KiB randread "+
-		"of the hot set for %v at QD1 and QD16, %d rounds rotating the order. Medians over the rounds.",
+		"of the hot set for %v at QD1 and QD16, %d rounds rotating the order. A figure's ratio is the median of the per-round ratios.",
 		budgetList(cfg.Budgets), cfg.Runtime, cfg.Rounds)
 	exp.Params = []bench.Param{{Name: "rounds", Value: fmt.Sprint(cfg.Rounds)}, {Name: "runtime", Value: cfg.Runtime.String()}}
 
@@ -228,14 +231,13 @@ func MeasureGuestVerbs(ctx context.Context, env *bench.Env, bins *Binaries, cfg 
 			}
 		}
 	}
-	median := func(xs []float64) float64 { return xs[bench.MedianIndex(xs)] }
 	exp.Add(
-		bench.NewFigure("QD1 p50, one-sided through frames vs two-sided NVMe Read, over rxe (TCG)", median(p50["one"]), "µs",
-			"the same attachment's NVMe Read (--two-sided)", median(p50["two"])).WithGoal(GuestVerbsGoal),
-		bench.NewFigure("QD16 IOPS, verbs (frames) vs the tcp provider (unpinned region) (TCG)", median(iops["one"]), "IOPS",
-			"the tcp provider, same guest", median(iops["tcp"])),
-		bench.NewFigure("QD1 p50, verbs (frames) vs the tcp provider (unpinned region) (TCG)", median(p50["one"]), "µs",
-			"the tcp provider, same guest", median(p50["tcp"])),
+		bench.RoundsFigure("QD1 p50, one-sided through frames vs two-sided NVMe Read, over rxe (TCG)", "µs",
+			"the same attachment's NVMe Read (--two-sided)", p50["one"], p50["two"]).WithGoal(GuestVerbsGoal),
+		bench.RoundsFigure("QD16 IOPS, verbs (frames) vs the tcp provider (unpinned region) (TCG)", "IOPS",
+			"the tcp provider, same guest", iops["one"], iops["tcp"]),
+		bench.RoundsFigure("QD1 p50, verbs (frames) vs the tcp provider (unpinned region) (TCG)", "µs",
+			"the tcp provider, same guest", p50["one"], p50["tcp"]),
 	)
 	exp.Note("Per round, QD1 p50 µs: frames %s; two-sided %s; tcp %s. QD16 IOPS: frames %s; two-sided %s; tcp %s.",
 		bench.RoundList(p50["one"]), bench.RoundList(p50["two"]), bench.RoundList(p50["tcp"]),

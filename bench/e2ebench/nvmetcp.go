@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nprdma/nprdma/bench"
@@ -43,9 +42,9 @@ type NVMeTCPConfig struct {
 func DefaultNVMeTCPConfig(m bench.Mode) NVMeTCPConfig {
 	return NVMeTCPConfig{
 		Size:    bench.ByMode[int64](m, 256<<20, 1<<30),
-		Runtime: bench.ByMode(m, 1500*time.Millisecond, 10*time.Second),
-		Ramp:    bench.ByMode(m, 300*time.Millisecond, 2*time.Second),
-		Rounds:  5,
+		Runtime: bench.ByMode(m, time.Second, 10*time.Second),
+		Ramp:    bench.WarmUp(m),
+		Rounds:  m.Rounds(),
 		QD:      32,
 	}
 }
@@ -57,6 +56,8 @@ func NVMeTCPSpec(bins *Binaries) bench.Spec {
 		Title: "fio through attach over NVMe/TCP against the nprdma fabric and nbdkit chains",
 		Goals: []string{NVMeTCPGoalQD1.Text, NVMeTCPGoalQD.Text,
 			"the same through attach over the nprdma fabric, and nbdkit's one-hop server: reported"},
+		// One set-up (files, target, attachments, peers) serves every round.
+		RoundsInside: true,
 		Run: func(ctx context.Context, env *bench.Env) (*bench.Experiment, error) {
 			return MeasureNVMeTCP(ctx, env, bins, DefaultNVMeTCPConfig(env.Mode))
 		},
@@ -68,17 +69,11 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	if cfg.Rounds < 1 || cfg.QD < 2 || cfg.Runtime <= 0 || cfg.Size < 16<<20 {
 		return nil, fmt.Errorf("nvme-tcp: bad config: rounds %d, qd %d, runtime %v, size %d", cfg.Rounds, cfg.QD, cfg.Runtime, cfg.Size)
 	}
-	if _, err := env.Tools.Require(ctx, "fio", "nbdkit", "nbdcopy"); err != nil {
-		return nil, err
-	}
-	tgtBin, iniBin, err := bins.Resolve(ctx, env)
+	rig, work, rawDir, err := newE2ERig(ctx, env, bins, NVMeTCPName, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	rig, work, rawDir, err := newE2ERig(env, NVMeTCPName, cfg.Dir)
-	if err != nil {
-		return nil, err
-	}
+	tgtBin, iniBin := rig.tgtBin, rig.iniBin
 	defer rig.closeInto(NVMeTCPName, &err)
 	log := env.Logger()
 
@@ -103,30 +98,11 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	if err != nil {
 		return nil, fmt.Errorf("nvme-tcp: warm the target: %w", err)
 	}
-	attach := func(name string, transport ...string) (*child, string, error) {
-		dir := filepath.Join(work, name)
-		sock := filepath.Join(dir, "nbd.sock")
-		addr := tp.addr
-		if len(transport) > 0 {
-			addr = tp.tcpAddr
-		}
-		argv := append([]string{iniBin, "--hostid-file", filepath.Join(dir, "hostid")}, transport...)
-		argv = append(argv, "attach", "--mode", "nbd", "--target", addr, "--nqn", benchNQN, "--socket", sock)
-		ap, err := startChild("nprdma-initiator attach ("+name+")", argv, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
-		if err != nil {
-			return nil, "", err
-		}
-		rig.onClose(func() error { return ap.stop(syscall.SIGTERM, 30*time.Second) })
-		if err := waitUnixSocket(ctx, ap, sock, 30*time.Second); err != nil {
-			return nil, "", err
-		}
-		return ap, sock, nil
-	}
-	tcpAttach, tcpSock, err := attach("nvme-tcp", "--transport", "tcp")
+	tcpAttach, tcpSock, err := attachNBD(ctx, rig, iniBin, "nvme-tcp", filepath.Join(work, "nvme-tcp"), tp.tcpAddr, "--transport", "tcp")
 	if err != nil {
 		return nil, err
 	}
-	npAttach, npSock, err := attach("nprdma")
+	npAttach, npSock, err := attachNBD(ctx, rig, iniBin, "nprdma", filepath.Join(work, "nprdma"), tp.addr)
 	if err != nil {
 		return nil, err
 	}
@@ -156,10 +132,10 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	for _, q := range []int{1, cfg.QD} {
 		qs := strconv.Itoa(q)
 		cases = append(cases,
-			e2eCase{key: "tcp-qd" + qs, label: "attach (NBD) → target over NVMe/TCP", uri: "nbd+unix:///?socket=" + tcpSock, rw: "randread", qd: q,
-				procs: map[string]int{rTarget: tp.pid(), rTCP: tcpAttach.pid()}},
-			e2eCase{key: "nprdma-qd" + qs, label: "attach (NBD) → target over the nprdma fabric", uri: "nbd+unix:///?socket=" + npSock, rw: "randread", qd: q,
-				procs: map[string]int{rTarget: tp.pid(), rNP: npAttach.pid()}},
+			e2eCase{key: "tcp-qd" + qs, label: "attach (NBD) → target over NVMe/TCP", uri: nbdUnixURI(tcpSock), rw: "randread", qd: q,
+				procs: map[string]int{rTarget: tp.PID(), rTCP: tcpAttach.PID()}},
+			e2eCase{key: "nprdma-qd" + qs, label: "attach (NBD) → target over the nprdma fabric", uri: nbdUnixURI(npSock), rw: "randread", qd: q,
+				procs: map[string]int{rTarget: tp.PID(), rNP: npAttach.PID()}},
 			e2eCase{key: "2hop-qd" + qs, label: "nbdkit proxy → nbdkit memory", uri: proxy.URI, rw: "randread", qd: q,
 				procs: map[string]int{rProxy: proxy.PID, rNBDKit: mem.PID}},
 			e2eCase{key: "1hop-qd" + qs, label: "nbdkit memory (one hop)", uri: mem.URI, rw: "randread", qd: q, procs: map[string]int{rNBDKit: mem.PID}},
@@ -176,7 +152,7 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	exp = &bench.Experiment{Name: NVMeTCPName}
 	exp.Method = fmt.Sprintf("The same fio randread job (4 KiB, uniform offsets with replacement: norandommap) runs against four paths, "+
 		"%v after a %v ramp, at QD1 and QD%d (one job; iodepth), over %d rounds in alternating order (reversed every other round); "+
-		"each figure is the median of the per-round values (ours and the baseline each), latency is fio's completion latency. "+
+		"a figure's ratio is the median of the per-round ratios, latency is fio's completion latency. "+
 		"One nprdma-target serves a %s namespace of per-page distinct data with --memory above it, read once beforehand, on the "+
 		"nprdma fabric (nprdma/tcp) and on an NVMe/TCP port (--listen-nvme-tcp), both on loopback. Ours: fio's nbd engine → "+
 		"nprdma-initiator attach --mode nbd (unix socket) → the target, once with --transport tcp (NVMe/TCP: every read an NVMe "+
@@ -200,7 +176,7 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	iops := func(r *e2eResult) []float64 { return r.iops }
 	add := func(name, ours, base string, pick func(*e2eResult) []float64, unit string, g *bench.Goal) {
 		o, b := pick(byKey[ours]), pick(byKey[base])
-		f := bench.NewFigure(name, median(o), unit, byKey[base].def.label, median(b)).
+		f := bench.RoundsFigure(name, unit, byKey[base].def.label, o, b).
 			WithNotes(fmt.Sprintf("per round: ours %s; baseline %s", bench.RoundList(o), bench.RoundList(b)))
 		if g != nil {
 			f = f.WithGoal(*g)
@@ -231,7 +207,7 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 	bars := func(file, title, ylabel, qdKey string, pick func(*e2eResult) []float64) {
 		var pts []bench.Point
 		for i, k := range []string{"tcp", "nprdma", "2hop", "1hop"} {
-			pts = append(pts, bench.Point{X: float64(i), Y: median(pick(byKey[k+"-"+qdKey]))})
+			pts = append(pts, bench.Point{X: float64(i), Y: bench.Median(pick(byKey[k+"-"+qdKey]))})
 		}
 		name := "bars-" + strings.TrimSuffix(strings.TrimPrefix(file, "nvme-tcp-"), ".svg")
 		exp.AddSeries(bench.Series{Name: name, Label: "median of rounds", YUnit: ylabel, Points: pts})
@@ -253,15 +229,6 @@ func MeasureNVMeTCP(ctx context.Context, env *bench.Env, bins *Binaries, cfg NVM
 		exp.Note("Not pinned: every process could run on either CPU; the placement table shows where each ran.")
 	}
 	return exp, nil
-}
-
-// median is the median of the per-round values (the lower of an even
-// count).
-func median(xs []float64) float64 {
-	if i := bench.MedianIndex(xs); i >= 0 {
-		return xs[i]
-	}
-	return 0
 }
 
 // checkNBDPages reads 64 random pages of the namespace (size bytes) through

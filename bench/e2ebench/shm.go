@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nprdma/nprdma/bench"
@@ -49,9 +48,9 @@ type SHMConfig struct {
 func DefaultSHMConfig(m bench.Mode) SHMConfig {
 	return SHMConfig{
 		ResidentSize: bench.ByMode[int64](m, 256<<20, 1<<30),
-		Runtime:      bench.ByMode(m, 1500*time.Millisecond, 10*time.Second),
-		Ramp:         bench.ByMode(m, 300*time.Millisecond, 2*time.Second),
-		Rounds:       5,
+		Runtime:      bench.ByMode(m, time.Second, 10*time.Second),
+		Ramp:         bench.WarmUp(m),
+		Rounds:       m.Rounds(),
 		QD:           32,
 		Samples:      bench.ByMode(m, 1000, 5000),
 	}
@@ -64,6 +63,8 @@ func SHMSpec(bins *Binaries) bench.Spec {
 		Title: "Same-host fabric (nprdma/shm): fio through attach over shared memory against the one-hop nbdkit peer; READ in place against memcpy; the major fault",
 		Goals: []string{SHMGoalQD1.Text, SHMGoalQD.Text, "target CPU time per resident read over shm: reported (goal ≈ 0)",
 			SHMGoalRead.Text, SHMGoalMaj.Text, "all judged on the median of the rounds; every round reported"},
+		// One set-up (files, target, attachments, peers) serves every round.
+		RoundsInside: true,
 		Run: func(ctx context.Context, env *bench.Env) (*bench.Experiment, error) {
 			return MeasureSHM(ctx, env, bins, DefaultSHMConfig(env.Mode))
 		},
@@ -97,17 +98,11 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	if cfg.Rounds < 1 || cfg.QD < 2 || cfg.Runtime <= 0 || cfg.Samples < 10 {
 		return nil, fmt.Errorf("shm: bad config %+v", cfg)
 	}
-	if _, err := env.Tools.Require(ctx, "fio", "nbdkit", "nbdcopy"); err != nil {
-		return nil, err
-	}
-	tgtBin, iniBin, err := bins.Resolve(ctx, env)
+	rig, work, rawDir, err := newE2ERig(ctx, env, bins, SHMName, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	rig, work, rawDir, err := newE2ERig(env, SHMName, cfg.Dir)
-	if err != nil {
-		return nil, err
-	}
+	tgtBin, iniBin := rig.tgtBin, rig.iniBin
 	defer rig.closeInto(SHMName, &err)
 	log := env.Logger()
 
@@ -129,29 +124,15 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	}
 	rig.onClose(tp.shutdown)
 	// Two attachments: over shm (chosen by attach itself) and over tcp.
-	attachOver := func(name string, provider string) (*child, string, error) {
-		dir := filepath.Join(work, name)
-		sock := filepath.Join(dir, "nbd.sock")
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, "", err
-		}
-		argv := []string{iniBin, "--hostid-file", filepath.Join(dir, "hostid"), "--provider", provider, "attach", "--mode", "nbd",
-			"--target", tp.addr, "--nqn", benchNQN, "--socket", sock}
-		ap, err := startChild("nprdma-initiator attach ("+name+")", argv, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
-		if err != nil {
-			return nil, "", err
-		}
-		rig.onClose(func() error { return ap.stop(syscall.SIGTERM, 30*time.Second) })
-		if err := waitUnixSocket(ctx, ap, sock, 30*time.Second); err != nil {
-			return nil, "", err
-		}
-		return ap, "nbd+unix:///?socket=" + sock, nil
+	attachOver := func(name string, provider string) (*bench.Child, string, error) {
+		ap, sock, err := attachNBD(ctx, rig, iniBin, name, filepath.Join(work, name), tp.addr, "--provider", provider)
+		return ap, nbdUnixURI(sock), err
 	}
 	shmAttach, shmURI, err := attachOver("shm", "auto")
 	if err != nil {
 		return nil, err
 	}
-	if _, err := shmAttach.waitLine(ctx, time.Second, func(l string) bool { return strings.Contains(l, "provider shm:") }); err != nil {
+	if _, err := shmAttach.WaitLine(ctx, time.Second, func(l string) bool { return strings.Contains(l, "provider shm:") }); err != nil {
 		return nil, fmt.Errorf("shm: attach did not choose shm: %w", err)
 	}
 	tcpAttach, tcpURI, err := attachOver("tcp", "tcp")
@@ -188,11 +169,11 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 		qs := strconv.Itoa(q)
 		cases = append(cases,
 			e2eCase{key: "shm-qd" + qs, label: "attach (NBD) → target over shm", uri: shmURI, rw: "randread", qd: q,
-				procs: map[string]int{"nprdma-target": tp.pid(), "nprdma-initiator attach (shm)": shmAttach.pid()}},
+				procs: map[string]int{"nprdma-target": tp.PID(), "nprdma-initiator attach (shm)": shmAttach.PID()}},
 			e2eCase{key: "1hop-qd" + qs, label: "nbdkit memory (one hop, TCP)", uri: mem.URI, rw: "randread", qd: q,
 				procs: map[string]int{"nbdkit (memory, TCP)": mem.PID}},
 			e2eCase{key: "tcp-qd" + qs, label: "attach (NBD) → target over tcp", uri: tcpURI, rw: "randread", qd: q,
-				procs: map[string]int{"nprdma-target": tp.pid(), "nprdma-initiator attach (tcp)": tcpAttach.pid()}},
+				procs: map[string]int{"nprdma-target": tp.PID(), "nprdma-initiator attach (tcp)": tcpAttach.PID()}},
 		)
 	}
 	results := make([]*e2eResult, len(cases))
@@ -209,14 +190,14 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 		for _, i := range bench.RoundOrder(len(cases), round) {
 			c := cases[i]
 			log.Info("shm: measuring", "case", c.key, "round", round+1, "of", cfg.Rounds)
-			cpu0, _ := processCPU(tp.pid())
+			cpu0, _ := processCPU(tp.PID())
 			var res bench.FioResult
 			err := pl.sampleDuring(c.procs, pinned, func() error {
 				var err error
 				res, err = fio.Run(ctx, c.args(cfg.Runtime, cfg.Ramp)...)
 				return err
 			})
-			cpu1, _ := processCPU(tp.pid())
+			cpu1, _ := processCPU(tp.PID())
 			if len(res.Raw) > 0 {
 				res.SaveRaw(filepath.Join(rawDir, fmt.Sprintf("fio-%s-r%d.json", c.key, round+1)))
 			}
@@ -276,14 +257,8 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	}
 	ratioFig := func(name, ours, base string, pick func(*e2eResult) []float64, unit string, g *bench.Goal) {
 		o, b := pick(results[byKey[ours]]), pick(results[byKey[base]])
-		ratios := make([]float64, len(o))
-		for i := range o {
-			ratios[i] = o[i] / b[i]
-		}
-		m := bench.MedianIndex(ratios)
-		f := bench.NewFigure(name, o[m], unit, results[byKey[base]].def.label, b[m]).
-			WithNotes(fmt.Sprintf("median round %d; ratio per round %s; ours %s; baseline %s", m+1,
-				bench.RoundList(ratios), bench.RoundList(o), bench.RoundList(b)))
+		f := bench.RoundsFigure(name, unit, results[byKey[base]].def.label, o, b).
+			WithNotes(fmt.Sprintf("per round: ours %s; baseline %s", bench.RoundList(o), bench.RoundList(b)))
 		if g != nil {
 			f = f.WithGoal(*g)
 		}
@@ -299,7 +274,7 @@ func MeasureSHM(ctx context.Context, env *bench.Env, bins *Binaries, cfg SHMConf
 	ratioFig("resident QD"+qd+" IOPS, shm vs tcp (same target)", "shm-qd"+qd, "tcp-qd"+qd, iops, "IOPS", nil)
 	for _, q := range []string{"1", qd} {
 		s, t := cpuPerRead[byKey["shm-qd"+q]], cpuPerRead[byKey["tcp-qd"+q]]
-		exp.Add(bench.NewFigure("target CPU per resident read at QD"+q+", shm vs tcp", median(s), "µs", "the same over tcp", median(t)).
+		exp.Add(bench.RoundsFigure("target CPU per resident read at QD"+q+", shm vs tcp", "µs", "the same over tcp", s, t).
 			WithNotes("goal ≈ 0 over shm (reads run in the initiator); per round: shm " + bench.RoundList(s) + "; tcp " + bench.RoundList(t)))
 	}
 	micro.figures(exp)
@@ -546,24 +521,19 @@ func (r *shmMicroResults) figures(exp *bench.Experiment) {
 	p := r.p50
 	n := len(p["inplace"])
 	readBound, majorBound := make([]float64, n), make([]float64, n)
-	readRatio, majorRatio := make([]float64, n), make([]float64, n)
 	for i := range n {
 		readBound[i] = 2*p["memcpy"][i] + 1
 		majorBound[i] = p["inplace"][i] + p["rtt"][i] + 10 + 1.2*p["raw"][i]
-		readRatio[i] = p["inplace"][i] / readBound[i]
-		majorRatio[i] = p["major"][i] / majorBound[i]
 	}
-	m := bench.MedianIndex(readRatio)
-	exp.Add(bench.NewFigure("4 KiB READ in place p50 vs 2× memcpy + 1 µs", p["inplace"][m], "µs", "2× memcpy p50 + 1 µs", readBound[m]).
-		WithGoal(SHMGoalRead).WithNotes(fmt.Sprintf("median round %d; ratio per round %s; READ in place %s; memcpy %s",
-		m+1, bench.RoundList(readRatio), bench.RoundList(p["inplace"]), bench.RoundList(p["memcpy"]))))
-	m = bench.MedianIndex(majorRatio)
-	exp.Add(bench.NewFigure("major fault p50 over shm vs its bound", p["major"][m], "µs", "READ in place + shm round trip + 10 µs + 1.2× raw read", majorBound[m]).
-		WithGoal(SHMGoalMaj).WithNotes(fmt.Sprintf("median round %d; ratio per round %s; major %s; round trip %s; raw read %s",
-		m+1, bench.RoundList(majorRatio), bench.RoundList(p["major"]), bench.RoundList(p["rtt"]), bench.RoundList(p["raw"]))))
+	exp.Add(bench.RoundsFigure("4 KiB READ in place p50 vs 2× memcpy + 1 µs", "µs", "2× memcpy p50 + 1 µs", p["inplace"], readBound).
+		WithGoal(SHMGoalRead).WithNotes(fmt.Sprintf("READ in place per round %s; memcpy %s",
+		bench.RoundList(p["inplace"]), bench.RoundList(p["memcpy"]))))
+	exp.Add(bench.RoundsFigure("major fault p50 over shm vs its bound", "µs", "READ in place + shm round trip + 10 µs + 1.2× raw read", p["major"], majorBound).
+		WithGoal(SHMGoalMaj).WithNotes(fmt.Sprintf("major per round %s; round trip %s; raw read %s",
+		bench.RoundList(p["major"]), bench.RoundList(p["rtt"]), bench.RoundList(p["raw"]))))
 	for _, k := range shmMicroKinds {
 		if xs := p[k.key]; len(xs) > 0 {
-			exp.Add(bench.NewFigure(k.label+" p50", median(xs), "µs", "", 0).WithNotes("per round: " + bench.RoundList(xs)))
+			exp.Add(bench.NewFigure(k.label+" p50", bench.Median(xs), "µs", "", 0).WithNotes("per round: " + bench.RoundList(xs)))
 		}
 	}
 }

@@ -79,7 +79,7 @@ func seriesY(t *testing.T, e *bench.Experiment, name string, x float64) float64 
 func TestCapacitySmoke(t *testing.T) {
 	env, bins := smokeEnv(t)
 	cfg := CapacityConfig{Budget: 16 << 20, Ratios: []int{1, 2}, Warmup: 300 * time.Millisecond, MaxWarmup: 2 * time.Second,
-		WarmupQD: 4, Runtime: 400 * time.Millisecond, ColdReads: 50}
+		WarmupQD: 4, Runtime: 400 * time.Millisecond, ColdReads: 50, Workloads: capacityWorkloads}
 	exp, err := MeasureCapacity(context.Background(), env, bins, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +143,7 @@ func TestE2ESmoke(t *testing.T) {
 	}
 	env, bins := smokeEnv(t)
 	cfg := E2EConfig{ResidentSize: 32 << 20, SSDSize: 64 << 20, SSDMemory: 16 << 20, SSDWarmup: 300 * time.Millisecond,
-		Runtime: 500 * time.Millisecond, Ramp: 100 * time.Millisecond, Rounds: 1, QD: 8, Mix: true, Loop: true, PinQDs: []int{1}}
+		Runtime: 500 * time.Millisecond, Ramp: 100 * time.Millisecond, Rounds: 1, QD: 8, Mix: true, Loop: true}
 	exp, err := MeasureE2E(context.Background(), env, bins, cfg)
 	if err != nil {
 		t.Fatal(err)

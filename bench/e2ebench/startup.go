@@ -51,7 +51,7 @@ func DefaultStartupConfig(m bench.Mode) StartupConfig {
 		NamespaceSize: 64 << 30,
 		SmallSize:     1 << 30,
 		Memory:        bench.ByMode[int64](m, 1<<30, 4<<30),
-		Rounds:        5,
+		Rounds:        1,
 		Poll:          time.Millisecond,
 	}
 }
@@ -131,7 +131,7 @@ func MeasureStartup(ctx context.Context, env *bench.Env, bins *Binaries, cfg Sta
 	samples := make([][]startSample, len(cases))
 	var pl placements
 	for round := range cfg.Rounds {
-		for _, i := range bench.RoundOrder(len(cases), round) {
+		for _, i := range bench.RoundOrder(len(cases), env.Round+round) {
 			log.Info("startup: measuring", "case", cases[i].key, "round", round+1, "of", cfg.Rounds)
 			s, err := startOnce(ctx, tgtBin, cases[i], cfg, meta, work)
 			if err != nil {
@@ -204,7 +204,7 @@ func MeasureStartup(ctx context.Context, env *bench.Env, bins *Binaries, cfg Sta
 // startOnce execs the server of c, polls it until one 4 KiB read at offset 0
 // completes, and stops it.
 func startOnce(ctx context.Context, tgtBin string, c startCase, cfg StartupConfig, meta, work string) (startSample, error) {
-	port, err := freePort()
+	port, err := bench.FreeLoopbackPort()
 	if err != nil {
 		return startSample{}, err
 	}
@@ -221,16 +221,16 @@ func startOnce(ctx context.Context, tgtBin string, c startCase, cfg StartupConfi
 		argv = targetConfig{bin: tgtBin, backing: c.backing, memory: cfg.Memory, dataDir: meta, listen: addr, pin: c.pin}.argv()
 	}
 	t0 := time.Now()
-	ch, err := startChild(filepath.Base(argv[0]), argv, nil)
+	ch, err := bench.StartChild(filepath.Base(argv[0]), argv, nil)
 	if err != nil {
 		return startSample{}, err
 	}
-	defer ch.stop(syscall.SIGKILL, time.Second)
-	sampler := bench.StartCPUSampler(ch.pid(), 10*time.Millisecond)
+	defer ch.Stop(syscall.SIGKILL, time.Second)
+	sampler := bench.StartCPUSampler(ch.PID(), 10*time.Millisecond)
 	listened := make(chan time.Duration, 1)
 	if !c.nbdkit {
 		go func() {
-			if _, err := ch.waitLine(ctx, 5*time.Minute, banner.IsServing); err == nil {
+			if _, err := ch.WaitLine(ctx, 5*time.Minute, banner.IsServing); err == nil {
 				listened <- time.Since(t0)
 			}
 		}()
@@ -248,11 +248,11 @@ func startOnce(ctx context.Context, tgtBin string, c startCase, cfg StartupConfi
 		if errors.Is(err, errWrongData) {
 			return s, err
 		}
-		if ch.exited() {
-			return s, fmt.Errorf("%s exited before serving: %s", ch.name, ch.output(1200))
+		if ch.Exited() {
+			return s, fmt.Errorf("%s exited before serving: %s", ch.Name, ch.Output(1200))
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return s, fmt.Errorf("%s: no read completed after %v (last: %v): %s", ch.name, time.Since(t0).Round(time.Millisecond), err, ch.output(600))
+			return s, fmt.Errorf("%s: no read completed after %v (last: %v): %s", ch.Name, time.Since(t0).Round(time.Millisecond), err, ch.Output(600))
 		}
 		time.Sleep(cfg.Poll)
 	}
@@ -263,7 +263,7 @@ func startOnce(ctx context.Context, tgtBin string, c startCase, cfg StartupConfi
 		case <-time.After(5 * time.Second):
 		}
 	}
-	if err := ch.stop(syscall.SIGTERM, 2*time.Minute); err != nil {
+	if err := ch.Stop(syscall.SIGTERM, 2*time.Minute); err != nil {
 		return s, err
 	}
 	return s, nil
@@ -293,13 +293,4 @@ func tryRead(ctx context.Context, c startCase, addr, work string, buf []byte) er
 		}
 	}
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free loopback port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -1,6 +1,9 @@
 package e2ebench
 
 import (
+	"github.com/nprdma/nprdma/bench"
+	"os"
+
 	"context"
 	"fmt"
 	"io"
@@ -53,7 +56,7 @@ func (c targetConfig) argv() []string {
 
 // targetProc is a running nprdma-target.
 type targetProc struct {
-	*child
+	*bench.Child
 	addr    string // where hosts connect
 	tcpAddr string // the NVMe/TCP port's ("" when not served)
 	banner  string // the "serving ..." line
@@ -61,22 +64,22 @@ type targetProc struct {
 
 // startTarget starts the target and waits for its "connect with" line.
 func startTarget(ctx context.Context, c targetConfig, timeout time.Duration) (*targetProc, error) {
-	ch, err := startChild("nprdma-target", c.argv(), c.cpus)
+	ch, err := bench.StartChild("nprdma-target", c.argv(), c.cpus)
 	if err != nil {
 		return nil, err
 	}
-	p := &targetProc{child: ch}
-	l, err := ch.waitLine(ctx, timeout, func(l string) bool { _, ok := banner.Addr(l); return ok })
+	p := &targetProc{Child: ch}
+	l, err := ch.WaitLine(ctx, timeout, func(l string) bool { _, ok := banner.Addr(l); return ok })
 	if err != nil {
-		ch.stop(syscall.SIGKILL, time.Second)
+		ch.Stop(syscall.SIGKILL, time.Second)
 		return nil, err
 	}
 	p.addr, _ = banner.Addr(l)
-	p.banner, _ = ch.waitLine(ctx, time.Second, banner.IsServing)
+	p.banner, _ = ch.WaitLine(ctx, time.Second, banner.IsServing)
 	if c.listenNVMeTCP != "" {
-		l, err := ch.waitLine(ctx, timeout, func(l string) bool { _, ok := banner.NVMeTCPAddr(l); return ok })
+		l, err := ch.WaitLine(ctx, timeout, func(l string) bool { _, ok := banner.NVMeTCPAddr(l); return ok })
 		if err != nil {
-			ch.stop(syscall.SIGKILL, time.Second)
+			ch.Stop(syscall.SIGKILL, time.Second)
 			return nil, err
 		}
 		p.tcpAddr, _ = banner.NVMeTCPAddr(l)
@@ -85,7 +88,7 @@ func startTarget(ctx context.Context, c targetConfig, timeout time.Duration) (*t
 }
 
 // shutdown ends the target cleanly (SIGTERM: drain, flush, exit 0).
-func (p *targetProc) shutdown() error { return p.stop(syscall.SIGTERM, 2*time.Minute) }
+func (p *targetProc) shutdown() error { return p.Stop(syscall.SIGTERM, 2*time.Minute) }
 
 // host is an in-process initiator connected to a target.
 type host struct {
@@ -120,3 +123,30 @@ func (h *host) close() {
 	h.c.Close()
 	h.dev.Close()
 }
+
+// attachNBD starts nprdma-initiator attach --mode nbd for the bench's
+// namespace at addr, serving NBD on a unix socket under dir, with flags
+// before the command (--transport, --provider). It has its own run
+// directory (attachment records), given through the environment so that
+// versions without --run-dir work too, and is stopped when rig closes.
+// It returns the process and its socket's path.
+func attachNBD(ctx context.Context, rig *e2eRig, iniBin, name, dir, addr string, flags ...string) (*bench.Child, string, error) {
+	sock := filepath.Join(dir, "nbd.sock")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, "", err
+	}
+	argv := append([]string{iniBin, "--hostid-file", filepath.Join(dir, "hostid")}, flags...)
+	argv = append(argv, "attach", "--mode", "nbd", "--target", addr, "--nqn", benchNQN, "--socket", sock)
+	ap, err := bench.StartChild("nprdma-initiator attach ("+name+")", argv, nil, "NPRDMA_RUN_DIR="+filepath.Join(dir, "run"))
+	if err != nil {
+		return nil, "", err
+	}
+	rig.onClose(func() error { return ap.Stop(syscall.SIGTERM, 30*time.Second) })
+	if err := waitUnixSocket(ctx, ap, sock, 30*time.Second); err != nil {
+		return nil, "", err
+	}
+	return ap, sock, nil
+}
+
+// nbdUnixURI is the NBD URI of a server on the unix socket at path.
+func nbdUnixURI(path string) string { return "nbd+unix:///?socket=" + path }

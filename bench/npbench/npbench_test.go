@@ -172,7 +172,7 @@ func TestPairedLatencies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(la) != 10 || len(lb) != 10 || calls != 2*(10+warmup(10)) {
+	if len(la) != 10 || len(lb) != 10 || calls != 2*(10+bench.WarmUpOps(10)) {
 		t.Fatalf("%d and %d samples from %d calls", len(la), len(lb), calls)
 	}
 	for i := range la {

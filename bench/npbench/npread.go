@@ -40,7 +40,7 @@ func DefaultNPReadConfig(m bench.Mode) NPReadConfig {
 	return NPReadConfig{
 		Samples:       bench.ByMode(m, 1500, 6000),
 		NoFaultPairs:  4,
-		Rounds:        bench.ByMode(m, 3, 5),
+		Rounds:        1,
 		ResidentPages: bench.ByMode(m, 4096, 16384),
 	}
 }
@@ -460,7 +460,7 @@ func MeasureNPRead(ctx context.Context, env *bench.Env, cfg NPReadConfig) (*benc
 	}
 	pinned := len(env.CPUs) > 0
 	for round := range cfg.Rounds {
-		for _, i := range bench.RoundOrder(len(vs), round) {
+		for _, i := range bench.RoundOrder(len(vs), env.Round+round) {
 			v := vs[i]
 			env.Logger().Info("np-read: measuring", "variant", v.name, "round", round+1, "of", cfg.Rounds)
 			err := sampled(&v.placement, "nprdma-bench (initiator, target and region in one process): np-read over "+v.name, pinned,

@@ -21,7 +21,7 @@ type PoolConfig struct {
 
 // DefaultPoolConfig returns the sizes for a mode.
 func DefaultPoolConfig(m bench.Mode) PoolConfig {
-	return PoolConfig{Sizes: []int{4 << 10, 64 << 10}, Run: bench.ByMode(m, 300*time.Millisecond, 2*time.Second), Rounds: bench.ByMode(m, 2, 3)}
+	return PoolConfig{Sizes: []int{4 << 10, 64 << 10}, Run: bench.ByMode(m, 300*time.Millisecond, 2*time.Second), Rounds: 1}
 }
 
 // PoolGoal: reading into pooled buffers is at least as fast as registering
@@ -96,10 +96,10 @@ func MeasurePool(ctx context.Context, env *bench.Env, cfg PoolConfig) (*bench.Ex
 	pinned := len(env.CPUs) > 0
 	for round := range cfg.Rounds {
 		env.Logger().Info("pool: measuring", "round", round+1, "of", cfg.Rounds)
-		for _, i := range bench.RoundOrder(len(cases), round) {
+		for _, i := range bench.RoundOrder(len(cases), env.Round+round) {
 			pc := cases[i]
 			// Within a case too, the first of the two alternates.
-			for _, j := range bench.RoundOrder(2, round+i) {
+			for _, j := range bench.RoundOrder(2, env.Round+round+i) {
 				err := sampled(&pl, "nprdma-bench (initiator and target in one process): pool", pinned, func() error {
 					if j == 0 {
 						ops, took, err := pc.c.PooledReads(ctx, pc.pool, pc.size, cfg.Run)

@@ -6,9 +6,10 @@
 package nprdmabench
 
 import (
+	"github.com/nprdma/nprdma/bench"
+
 	"fmt"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -31,21 +32,13 @@ type ThroughputResult struct {
 	MiBPerSec, OpsPerSec float64
 }
 
-func warmup(samples int) int { return min(samples/10+1, 1000) }
-
 func summarize(name string, lat []time.Duration) LatencyResult {
 	r := LatencyResult{Name: name, Samples: len(lat)}
 	if len(lat) == 0 {
 		return r
 	}
-	slices.Sort(lat)
-	var sum time.Duration
-	for _, d := range lat {
-		sum += d
-	}
-	r.P50 = lat[len(lat)/2]
-	r.P99 = lat[min(len(lat)-1, len(lat)*99/100)]
-	r.Mean = sum / time.Duration(len(lat))
+	s := bench.Summarize(lat)
+	r.P50, r.P99, r.Mean = s.P50, s.P99, s.Mean
 	return r
 }
 

@@ -1,6 +1,8 @@
 package nprdmabench
 
 import (
+	"github.com/nprdma/nprdma/bench"
+
 	"context"
 	"fmt"
 	"time"
@@ -218,12 +220,12 @@ func OpLatency(ctx context.Context, prov nprdma.Provider, op nprdma.Opcode, size
 	defer p.Close()
 	w := p.WR(op, size, 0)
 	lat := make([]time.Duration, 0, samples)
-	for i := 0; i < samples+warmup(samples); i++ {
+	for i := 0; i < samples+bench.WarmUpOps(samples); i++ {
 		t0 := time.Now()
 		if err := p.Once(ctx, w); err != nil {
 			return LatencyResult{}, err
 		}
-		if i >= warmup(samples) {
+		if i >= bench.WarmUpOps(samples) {
 			lat = append(lat, time.Since(t0))
 		}
 	}
@@ -326,14 +328,14 @@ func UnpinnedReadLatency(ctx context.Context, prov nprdma.Provider, pager nprdma
 	}
 	slots := mr.Len() / size
 	lat := make([]time.Duration, 0, samples)
-	for i := 0; i < samples+warmup(samples); i++ {
+	for i := 0; i < samples+bench.WarmUpOps(samples); i++ {
 		w := nprdma.SendWR{Op: nprdma.OpRead, SG: []nprdma.SGE{p.Local.SGE(0, size)}, RemoteAddr: mr.Addr() + uint64((i%slots)*size), RKey: mr.RKey(), Signaled: true}
 		t0 := time.Now()
 		if err := p.Once(ctx, w); err != nil {
 			return LatencyResult{}, err
 		}
 		p.CliDev.FindMagicPages(p.Local.Bytes()[:size], w.RemoteAddr, mr.Addr(), mr.PageSize(), mr.Magic())
-		if i >= warmup(samples) {
+		if i >= bench.WarmUpOps(samples) {
 			lat = append(lat, time.Since(t0))
 		}
 	}

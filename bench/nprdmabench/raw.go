@@ -1,6 +1,8 @@
 package nprdmabench
 
 import (
+	"github.com/nprdma/nprdma/bench"
+
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -143,7 +145,7 @@ func RawTCPRoundTrip(ctx context.Context, size, samples int) (LatencyResult, err
 	}
 	defer r.Close()
 	lat := make([]time.Duration, 0, samples)
-	for i := 0; i < samples+warmup(samples); i++ {
+	for i := 0; i < samples+bench.WarmUpOps(samples); i++ {
 		if ctx.Err() != nil {
 			return LatencyResult{}, ctx.Err()
 		}
@@ -151,7 +153,7 @@ func RawTCPRoundTrip(ctx context.Context, size, samples int) (LatencyResult, err
 		if err != nil {
 			return LatencyResult{}, err
 		}
-		if i >= warmup(samples) {
+		if i >= bench.WarmUpOps(samples) {
 			lat = append(lat, d)
 		}
 	}

@@ -1,13 +1,14 @@
 package swapbench
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
+	"strings"
 	"time"
+
+	"github.com/nprdma/nprdma/bench"
 )
 
 // The swap-rss goal is about "a process holding a region": measured inside
@@ -17,6 +18,9 @@ import (
 
 // rssChildEnv carries the child's parameters (JSON rssChildArgs).
 const rssChildEnv = "NPRDMA_BENCH_RSS_CHILD"
+
+// inRSSChild is set in the measuring child, which exits after measuring.
+var inRSSChild bool
 
 type rssChildArgs struct {
 	Path     string
@@ -38,6 +42,7 @@ func RunRSSChildIfAsked() {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", rssChildEnv, err)
 		os.Exit(2)
 	}
+	inRSSChild = true
 	res, err := MeasureRSS(context.Background(), a.Path, a.Budget, a.Ratio, a.Duration)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "swap-rss child:", err)
@@ -56,22 +61,22 @@ func MeasureRSSInChild(ctx context.Context, path string, budget int64, ratio int
 		return RSSResult{}, fmt.Errorf("swap-rss: own executable: %w", err)
 	}
 	spec, _ := json.Marshal(rssChildArgs{Path: path, Budget: budget, Ratio: ratio, Duration: d})
-	cmd := exec.CommandContext(ctx, exe)
-	cmd.Env = append(os.Environ(), rssChildEnv+"="+string(spec))
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Start(); err != nil {
-		return RSSResult{}, fmt.Errorf("swap-rss: start child %s: %w", exe, err)
+	child, err := bench.StartChild("swap-rss child", []string{exe}, nil, rssChildEnv+"="+string(spec))
+	if err != nil {
+		return RSSResult{}, err
 	}
+	defer os.Remove(path) // the child leaves its backing file behind
 	if started != nil {
-		started(cmd.Process.Pid)
+		started(child.PID())
 	}
-	if err := cmd.Wait(); err != nil {
-		return RSSResult{}, fmt.Errorf("swap-rss child: %w: %s", err, bytes.TrimSpace(errOut.Bytes()))
+	if err := child.Run(ctx); err != nil {
+		return RSSResult{}, err
 	}
+	// The result is the last line the child wrote.
+	out := child.Output(0)
 	var res RSSResult
-	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		return RSSResult{}, fmt.Errorf("swap-rss child printed %q: %w", out.String(), err)
+	if err := json.Unmarshal([]byte(out[strings.LastIndexByte(out, '\n')+1:]), &res); err != nil {
+		return RSSResult{}, fmt.Errorf("swap-rss child printed %q: %w", out, err)
 	}
 	return res, nil
 }

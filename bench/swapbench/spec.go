@@ -94,7 +94,7 @@ func PolicySpec() bench.Spec {
 		Run: func(ctx context.Context, env *bench.Env) (*bench.Experiment, error) {
 			cfg := PolicyConfig{Pages: bench.ByMode(env.Mode, 8192, 16384), Accesses: bench.ByMode(env.Mode, 100000, 400000)}
 			budget := bench.ByMode[int64](env.Mode, 32<<20, 128<<20)
-			dur := bench.ByMode(env.Mode, 3*time.Second, 10*time.Second)
+			dur := bench.ByMode(env.Mode, time.Second, 10*time.Second)
 			exp := &bench.Experiment{Method: "Hit ratio: a swap.Region over an in-memory device (the ratio does not depend on " +
 				"the device) is read one byte per access, first for a warm-up of the same length as the measurement, then " +
 				"faults are counted. Workloads: Zipf(0.99) over the region's pages (ranks scattered by a fixed permutation), " +
@@ -157,7 +157,7 @@ func RSSSpec() bench.Spec {
 		Goals: []string{RSSGoal.Text},
 		Run: func(ctx context.Context, env *bench.Env) (*bench.Experiment, error) {
 			budget := bench.ByMode[int64](env.Mode, 128<<20, 512<<20)
-			dur := bench.ByMode(env.Mode, 10*time.Second, 30*time.Second)
+			dur := bench.ByMode(env.Mode, 4*time.Second, 30*time.Second)
 			exp := &bench.Experiment{Method: "A fresh child process (the bench binary re-executed, so that nothing " +
 				"earlier experiments left in the bench's heap is counted) reads its VmRSS (baseline), creates a region " +
 				"5× the budget over a sparse file and runs two goroutines that read or rewrite (50/50) random 4 KiB " +

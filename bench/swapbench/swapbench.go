@@ -6,6 +6,8 @@
 package swapbench
 
 import (
+	"github.com/nprdma/nprdma/bench"
+
 	"context"
 	"errors"
 	"fmt"
@@ -144,9 +146,8 @@ var sinkValue atomic.Uint32
 func keep(b byte) { sinkValue.Add(uint32(b)) }
 
 func percentiles(d []time.Duration) (p50, p99 time.Duration) {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2], s[min(len(s)-1, len(s)*99/100)]
+	s := bench.Summarize(slices.Clone(d))
+	return s.P50, s.P99
 }
 
 // makeBacking writes random data to the first dataPages pages of a new file
@@ -335,33 +336,24 @@ func MeasureRSS(ctx context.Context, backingPath string, budget int64, ratio int
 	// Return what earlier work left on the heap, so that the baseline is the
 	// process itself rather than its history.
 	debug.FreeOSMemory()
-	base, err := vmRSS()
+	base, err := bench.ReadMemStatus(0)
 	if err != nil {
 		return res, err
 	}
-	res.BaselineBytes = base
+	res.BaselineBytes = base.RSS
 	pages := int(int64(ratio) * budget / pageSize)
 	r, cleanup, err := regionOverNewFile(backingPath, pages, swap.WithBudget(budget))
 	if err != nil {
 		return res, err
 	}
-	defer cleanup()
-	var peak atomic.Int64
-	stop := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			if v, err := vmRSS(); err == nil && v > peak.Load() {
-				peak.Store(v)
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	}()
+	// Closing the region writes back every dirty page: with a full budget of
+	// random 4 KiB writes, half a minute on a busy disk. A child that exits
+	// right after measuring leaves that to the kernel and the file to its
+	// parent (MeasureRSSInChild).
+	if !inRSSChild {
+		defer cleanup()
+	}
+	rss := bench.StartRSSSampler(0, 5*time.Millisecond)
 	err = runFor(ctx, duration, 2, func(rng *rand.Rand, buf []byte) error {
 		off := int64(rng.IntN(pages)) * pageSize
 		if rng.IntN(2) == 0 {
@@ -372,35 +364,7 @@ func MeasureRSS(ctx context.Context, backingPath string, budget int64, ratio int
 		_, err := r.WriteAt(buf, off)
 		return err
 	})
-	close(stop)
-	<-sampled
-	res.PeakRSSBytes = peak.Load()
-	return res, err
-}
-
-// vmRSS reads this process's resident set size.
-func vmRSS() (int64, error) {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range splitLines(b) {
-		var kb int64
-		if n, _ := fmt.Sscanf(line, "VmRSS: %d kB", &kb); n == 1 {
-			return kb << 10, nil
-		}
-	}
-	return 0, errors.New("no VmRSS in /proc/self/status")
-}
-
-func splitLines(b []byte) []string {
-	var out []string
-	start := 0
-	for i, c := range b {
-		if c == '\n' {
-			out = append(out, string(b[start:i]))
-			start = i + 1
-		}
-	}
-	return out
+	rep, rerr := rss.Stop()
+	res.PeakRSSBytes = rep.PeakRSS
+	return res, errors.Join(err, rerr)
 }

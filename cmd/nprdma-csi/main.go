@@ -7,7 +7,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -18,13 +17,11 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/nprdma/nprdma/csi"
+	"github.com/nprdma/nprdma/internal/command"
 )
 
 func main() {
-	if err := newApp().Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "nprdma-csi:", err)
-		os.Exit(1)
-	}
+	command.Main(newApp(), os.Args)
 }
 
 func newApp() *cli.App {
@@ -56,11 +53,10 @@ func newApp() *cli.App {
 }
 
 func serve(cc *cli.Context) error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(cc.String("log-level"))); err != nil {
-		return fmt.Errorf("--log-level %q: want debug, info, warn or error", cc.String("log-level"))
+	log, err := command.Logger(cc)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	opts := []csi.Option{csi.WithName(cc.String("name")), csi.WithLogger(log)}
 	mode := cc.String("mode")
 	if mode != "controller" && mode != "node" && mode != "all" {

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -17,10 +15,9 @@ import (
 	"github.com/nprdma/nprdma/initiator"
 	"github.com/nprdma/nprdma/initiator/attach"
 	"github.com/nprdma/nprdma/initiator/blockio"
+	"github.com/nprdma/nprdma/internal/command"
 	nvmetcp "github.com/nprdma/nprdma/nvme/tcp"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 )
 
@@ -140,9 +137,8 @@ func (s session) Close() error {
 // (attach.Attachment does the life cycle; this is the wiring).
 func serveAttachment(cc *cli.Context, req attachRequest) error {
 	markReadyFDCloseOnExec()
-	stderr := cc.App.ErrWriter
-	say := func(msg string) { fmt.Fprintln(stderr, "nprdma-initiator: "+msg) }
-	log, err := newLogger(cc)
+	say := sayer(cc)
+	log, err := command.Logger(cc)
 	if err != nil {
 		return err
 	}
@@ -160,18 +156,14 @@ func serveAttachment(cc *cli.Context, req attachRequest) error {
 		LogFile: os.Getenv(envDaemonLog),
 	}
 	var reg *prometheus.Registry
-	var metrics *http.Server
 	if addr := cc.String("metrics-addr"); addr != "" {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		ln, err := net.Listen("tcp", addr)
+		reg = command.NewRegistry()
+		metrics, err := command.ServeMetrics(addr, command.MetricsHandler(reg))
 		if err != nil {
-			return fmt.Errorf("--metrics-addr: %w", err)
+			return err
 		}
-		metrics = &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
-		go metrics.Serve(ln)
 		defer metrics.Close()
-		rec.MetricsAddr = ln.Addr().String()
+		rec.MetricsAddr = metrics.Addr()
 	}
 	if req.reason != "" {
 		say(req.reason)

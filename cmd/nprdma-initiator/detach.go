@@ -3,9 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nprdma/nprdma/initiator/attach"
@@ -70,108 +67,9 @@ func detachAction(cc *cli.Context) error {
 		recs = append(recs, rec)
 	}
 	for _, rec := range recs {
-		if err := detachOne(cc, dir, rec); err != nil {
+		if err := dir.Detach(rec, cc.Bool("force"), cc.Duration("timeout"), sayer(cc)); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func detachOne(cc *cli.Context, dir *attach.Dir, rec attach.Record) error {
-	say := func(format string, args ...any) {
-		fmt.Fprintf(cc.App.ErrWriter, "nprdma-initiator: "+format+"\n", args...)
-	}
-	proc := rec.Process()
-	if !proc.Alive() {
-		notes, err := dir.Reap(rec, cc.Bool("force"))
-		if err != nil {
-			return fmt.Errorf("detach %s: its process (pid %d) is gone, and cleaning up after it failed: %w", rec.Name, rec.PID, err)
-		}
-		say("%s was not running (pid %d is gone); removed its record%s", rec.Name, rec.PID, joinNotes(notes))
-		return nil
-	}
-	force := cc.Bool("force")
-	if rec.Device != "" && !force {
-		mounts, err := attach.MountPointsOf(rec.Device)
-		if err != nil {
-			return fmt.Errorf("detach %s: checking whether %s is mounted: %w", rec.Name, rec.Device, err)
-		}
-		if len(mounts) > 0 {
-			return fmt.Errorf("detach %s: %s is mounted at %s; unmount it first (umount %s), or detach --force to unmount it (lazily if busy)",
-				rec.Name, rec.Device, strings.Join(mounts, ", "), mounts[len(mounts)-1])
-		}
-	}
-	sig := syscall.SIGTERM
-	if force {
-		sig = syscall.SIGUSR1
-	}
-	// The process writes its final record here before it exits: the only
-	// word of a loss (or change) its teardown finds a moment before it
-	// removes its record. Without one, the last record seen says most.
-	outcome, err := dir.ExpectOutcome(rec.Name)
-	if err != nil {
-		say("%v; the outcome is judged from its record alone", err)
-	}
-	defer outcome.Close()
-	attempts := rec.DetachAttempts
-	if err := proc.Signal(sig); err != nil {
-		if errors.Is(err, attach.ErrProcessGone) {
-			return detachOne(cc, dir, rec) // exited meanwhile: clean up
-		}
-		return fmt.Errorf("detach %s: %w", rec.Name, err)
-	}
-	final := rec // the last record seen
-	deadline := time.Now().Add(cc.Duration("timeout"))
-	for proc.Alive() {
-		cur, err := dir.Load(rec.Name)
-		if err == nil && cur.PID == rec.PID && cur.Dead() {
-			final = cur
-		}
-		if err == nil && cur.PID == rec.PID && cur.DetachAttempts > attempts {
-			return fmt.Errorf("detach %s: the attach process (pid %d) refused: %s", rec.Name, rec.PID, cur.DetachError)
-		}
-		if time.Now().After(deadline) {
-			where := "its output"
-			if rec.LogFile != "" {
-				where = rec.LogFile
-			}
-			return fmt.Errorf("detach %s: pid %d is still tearing down after %v; see %s", rec.Name, rec.PID, cc.Duration("timeout"), where)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if out, ok := outcome.Read(); ok && out.Process() == rec.Process() {
-		final = out
-	}
-	// The attach process removes its record after a clean teardown; one
-	// that is left says the teardown failed.
-	cur, err := dir.Load(rec.Name)
-	if errors.Is(err, os.ErrNotExist) || (err == nil && cur.PID != rec.PID) {
-		if final.Dead() {
-			// Its teardown fails when it leaves acknowledged writes
-			// unflushed: it succeeded, so nothing was lost.
-			say("detached %s (%s); %s", rec.Name, rec.Use(), final.DetachedDead())
-			return nil
-		}
-		say("detached %s (%s)", rec.Name, rec.Use())
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("detach %s: %w", rec.Name, err)
-	}
-	notes, rerr := dir.Reap(cur, cc.Bool("force"))
-	msg := fmt.Sprintf("detach %s: the attach process exited with an error: %s", rec.Name, cur.DetachError)
-	if len(notes) > 0 {
-		msg += "; cleaned up after it" + joinNotes(notes)
-	}
-	if rerr != nil {
-		msg += "; cleaning up: " + rerr.Error()
-	}
-	return errors.New(msg)
-}
-
-func joinNotes(notes []string) string {
-	if len(notes) == 0 {
-		return ""
-	}
-	return ", " + strings.Join(notes, ", ")
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/nprdma/nprdma/initiator"
 	"github.com/nprdma/nprdma/initiator/attach"
+	"github.com/nprdma/nprdma/internal/command"
+	"github.com/nprdma/nprdma/internal/providers"
 	"github.com/nprdma/nprdma/nvme"
 	nvmetcp "github.com/nprdma/nprdma/nvme/tcp"
 	"github.com/urfave/cli/v2"
@@ -87,7 +89,7 @@ func transportName(t uint8) string {
 }
 
 func discover(cc *cli.Context) error {
-	logger, err := newLogger(cc)
+	logger, err := command.Logger(cc)
 	if err != nil {
 		return err
 	}
@@ -110,7 +112,7 @@ func discover(cc *cli.Context) error {
 	}
 	provider := ""
 	if tr.String() == "nprdma" {
-		provider = providerFor(cc.String("provider"), addr)
+		provider = providers.For(cc.String("provider"), addr)
 	}
 	host, err := initiator.HostNQN(opts...)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/command"
 	"github.com/urfave/cli/v2"
 )
 
@@ -16,7 +17,7 @@ func hostnqnCommand() *cli.Command {
 		Description: "The NQN comes from --hostnqn if given, else from the host ID in --hostid-file\n" +
 			"(created on first use), so it stays the same across runs.",
 		Action: func(cc *cli.Context) error {
-			log, err := newLogger(cc)
+			log, err := command.Logger(cc)
 			if err != nil {
 				return err
 			}

@@ -39,30 +39,7 @@ func listAction(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	recs, err := dir.List()
-	if err != nil {
-		fmt.Fprintf(cc.App.ErrWriter, "nprdma-initiator: %v\n", err)
-	}
-	live := []attach.Record{}
-	for _, r := range recs {
-		if r.Process().Alive() {
-			live = append(live, r)
-			continue
-		}
-		if dir.Resumable(r) {
-			// Its device outlived it and waits for the next attach of
-			// the name: removing it would fail the filesystem on it.
-			r.State = attach.StateOrphaned
-			live = append(live, r)
-			continue
-		}
-		notes, err := dir.Reap(r, false)
-		if err != nil {
-			fmt.Fprintf(cc.App.ErrWriter, "nprdma-initiator: %s: its process (pid %d) is gone; cleaning up after it: %v\n", r.Name, r.PID, err)
-			continue
-		}
-		fmt.Fprintf(cc.App.ErrWriter, "nprdma-initiator: dropped %s: its process (pid %d) is gone%s\n", r.Name, r.PID, joinNotes(notes))
-	}
+	live := dir.Attached(sayer(cc))
 	if cc.Bool("json") {
 		enc := json.NewEncoder(cc.App.Writer)
 		enc.SetIndent("", "  ")

@@ -12,15 +12,14 @@ import (
 	"strings"
 
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/command"
+	"github.com/nprdma/nprdma/internal/providers"
 	nvmetcp "github.com/nprdma/nprdma/nvme/tcp"
 	"github.com/urfave/cli/v2"
 )
 
 func main() {
-	if err := newApp().Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "nprdma-initiator:", err)
-		os.Exit(1)
-	}
+	command.Main(newApp(), os.Args)
 }
 
 func newApp() *cli.App {
@@ -32,33 +31,20 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "hostid-file", Usage: "file holding this host's ID, created on first use (default: $NPRDMA_STATE_DIR/hostid or ~/.config/nprdma/hostid)"},
 			&cli.StringFlag{Name: "transport", Value: "nprdma", Usage: "NVMe-oF transport: nprdma (the nprdma fabric, one-sided reads; an nprdma-target; its provider is --provider) or tcp (NVMe/TCP to any NVMe/TCP target, two-sided; a --target without a port means 4420, or 8009 for discover)"},
 			providerFlag(),
-			&cli.StringFlag{Name: "rdma-device", Usage: "with --provider verbs: the RDMA device to use (ibv_devices lists them; default: the first)"},
+			providers.RDMADeviceFlag(),
 			&cli.BoolFlag{Name: "hdr-digest", Usage: "with --transport tcp: ask the target for header digests (CRC32C of every PDU header)"},
 			&cli.BoolFlag{Name: "data-digest", Usage: "with --transport tcp: ask the target for data digests (CRC32C of every PDU's data)"},
-			&cli.StringFlag{Name: "log-level", Value: "warn", Usage: "log level: debug, info, warn, error"},
+			command.LogLevelFlag("warn"),
 		}, secretFlags()...),
 		Commands:        []*cli.Command{discoverCommand(), attachCommand(), listCommand(), detachCommand(), hostnqnCommand()},
 		HideHelpCommand: true,
-		// The library's default says "No help topic" and exits 3.
-		CommandNotFound: func(cc *cli.Context, name string) {
-			var names []string
-			for _, c := range cc.App.Commands {
-				names = append(names, c.Name)
-			}
-			fmt.Fprintf(cc.App.ErrWriter, "nprdma-initiator: unknown command %q (commands: %s; --help for more)\n", name, strings.Join(names, ", "))
-			cli.OsExiter(2)
-		},
+		CommandNotFound: command.UnknownCommand,
 	}
 }
 
-// newLogger is the log of the initiator, the NBD server and FUSE: stderr, at
-// --log-level.
-func newLogger(cc *cli.Context) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(cc.String("log-level"))); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", cc.String("log-level"))
-	}
-	return slog.New(slog.NewTextHandler(cc.App.ErrWriter, &slog.HandlerOptions{Level: l})), nil
+// sayer tells the user msg on stderr, as "nprdma-initiator: msg".
+func sayer(cc *cli.Context) func(msg string) {
+	return func(msg string) { fmt.Fprintln(cc.App.ErrWriter, "nprdma-initiator: "+msg) }
 }
 
 // hostOptions are the initiator options the global flags select, logging

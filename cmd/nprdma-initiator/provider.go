@@ -9,76 +9,41 @@ import (
 	"time"
 
 	"github.com/nprdma/nprdma/initiator"
+	"github.com/nprdma/nprdma/internal/providers"
 	"github.com/nprdma/nprdma/nprdma"
-	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/shm"
 	"github.com/nprdma/nprdma/nprdma/tcp"
-	"github.com/nprdma/nprdma/nprdma/verbs"
 	"github.com/nprdma/nprdma/nvme"
 	"github.com/urfave/cli/v2"
 )
 
-// The provider a command reaches the target with over the nprdma fabric
-// (--transport nprdma, --provider): tcp, shm, verbs (an RDMA NIC), loop,
-// or auto, which is shm for an address "unix:PATH" and tcp for the rest. attach goes further
-// with auto: for a target on this host that advertises a shared-memory
-// listener for the subsystem in its discovery log, it attaches over shm
-// (see chooseTransport). NVMe/TCP (--transport tcp) has no provider.
-const (
-	providerAuto  = "auto"
-	providerTCP   = "tcp"
-	providerSHM   = "shm"
-	providerVerbs = "verbs"
-	providerLoop  = "loop"
-)
+// providerNames are the names --provider takes: the provider a command
+// reaches the target with over the nprdma fabric (--transport nprdma). auto
+// is shm for an address "unix:PATH" and tcp for the rest (providers.For).
+// attach goes further with auto: for a target on this host that advertises
+// a shared-memory listener for the subsystem in its discovery log, it
+// attaches over shm (see chooseTransport). NVMe/TCP (--transport tcp) has
+// no provider.
+var providerNames = providers.Names{providers.Auto, providers.TCP, providers.SHM, providers.Verbs, providers.Loop}
 
 func providerFlag() cli.Flag {
-	return &cli.StringFlag{Name: "provider", Value: providerAuto, Usage: "nprdma provider, only with --transport nprdma: auto (attach: shm when the target is on this host and offers it, else tcp; " +
+	return &cli.StringFlag{Name: "provider", Value: providers.Auto, Usage: "nprdma provider, only with --transport nprdma: auto (attach: shm when the target is on this host and offers it, else tcp; " +
 		"other commands: shm for unix:PATH addresses, else tcp), tcp (software RDMA over TCP), shm (shared memory, same host), verbs (an RDMA NIC through rdma-core: " +
 		"ConnectX, Soft-RoCE; the target by an IP address of the fabric, e.g. 192.168.1.5:4420; also reaches stock NVMe/RDMA targets such as Linux's nvmet-rdma) or loop (in-process; for tests only)"}
-}
-
-// providerFor is the provider name means for addr: auto is shm for an
-// address "unix:PATH", tcp for the rest.
-func providerFor(name, addr string) string {
-	if name != providerAuto {
-		return name
-	}
-	if strings.HasPrefix(addr, shm.Scheme) {
-		return providerSHM
-	}
-	return providerTCP
-}
-
-// newProvider returns the provider called name; auto picks by addr.
-func newProvider(name, addr string) (nprdma.Provider, error) {
-	switch providerFor(name, addr) {
-	case providerTCP:
-		return tcp.New(), nil
-	case providerSHM:
-		return shm.New(), nil
-	case providerLoop:
-		return loop.New(), nil
-	}
-	return nil, fmt.Errorf("--provider %q: want auto, tcp, shm, verbs or loop", name)
 }
 
 // newDevice opens the initiator's device: the RDMA NIC --rdma-device names
 // with --provider verbs, else a software NIC on the provider --provider
 // names for addr.
 func newDevice(cc *cli.Context, addr string) (*nprdma.Device, error) {
-	if cc.String("provider") == providerVerbs {
-		dev, err := verbs.OpenDevice(cc.String("rdma-device"), nprdma.WithName("initiator"))
-		if err != nil {
-			return nil, fmt.Errorf("--provider verbs: %w", err)
-		}
-		return dev, nil
-	}
-	p, err := newProvider(cc.String("provider"), addr)
+	f, err := providerNames.Open(providers.For(cc.String("provider"), addr), cc.String("rdma-device"), nprdma.WithName("initiator"))
 	if err != nil {
 		return nil, err
 	}
-	return openDevice(p), nil
+	if f.Device != nil {
+		return f.Device, nil
+	}
+	return openDevice(f.Provider), nil
 }
 
 // openDevice opens the initiator's device on p. Pinning the host's data
@@ -111,7 +76,7 @@ func overFabric(dev *nprdma.Device, addr, reason string) transportChoice {
 // attached over shm; anything else over tcp, with the reason.
 func chooseTransport(ctx context.Context, cc *cli.Context, addr, nqn string, opts []initiator.Option) (transportChoice, error) {
 	name := cc.String("provider")
-	if cc.String("transport") != "nprdma" || strings.HasPrefix(addr, shm.Scheme) || (name != providerAuto && name != providerSHM) {
+	if cc.String("transport") != "nprdma" || strings.HasPrefix(addr, shm.Scheme) || (name != providers.Auto && name != providers.SHM) {
 		tr, release, err := newTransport(cc, addr)
 		return transportChoice{tr: tr, release: release, addr: addr}, err
 	}
@@ -120,7 +85,7 @@ func chooseTransport(ctx context.Context, cc *cli.Context, addr, nqn string, opt
 	}
 	shmAddr, why := sharedMemoryAddr(ctx, addr, nqn, opts)
 	if shmAddr == "" {
-		if name == providerSHM {
+		if name == providers.SHM {
 			return transportChoice{}, fmt.Errorf("--provider shm: %s", why)
 		}
 		return overFabric(openDevice(tcp.New()), addr, "provider tcp: "+why), nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/nprdma/nprdma/internal/sizes"
 	"os"
 	"path/filepath"
 	"slices"
@@ -104,19 +103,6 @@ func parseNSID(s string) (uint32, error) {
 		return 0, fmt.Errorf("NSID %q is not in 1..4294967294", s)
 	}
 	return uint32(n), nil
-}
-
-// sizeFlag parses a size flag ("" : 0).
-func sizeFlag(cc *cli.Context, name string) (int64, error) {
-	v := cc.String(name)
-	if v == "" {
-		return 0, nil
-	}
-	n, err := sizes.Parse(v)
-	if err != nil {
-		return 0, fmt.Errorf("--%s: %w", name, err)
-	}
-	return n, nil
 }
 
 // ctlBoolFlags are the ctl flags that take no value.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 
+	"github.com/nprdma/nprdma/internal/command"
 	"github.com/nprdma/nprdma/target/manage"
 	"github.com/urfave/cli/v2"
 )
@@ -34,13 +35,13 @@ func ctlCreateNS() *cli.Command {
 			}
 			p := manage.AddNamespaceParams{NQN: cc.Args().First(), Name: cc.String("name"), NSID: uint32(cc.Uint("nsid")), Backing: cc.String("backing")}
 			var err error
-			if p.SizeBytes, err = sizeFlag(cc, "size"); err != nil {
+			if p.SizeBytes, err = command.SizeFlag(cc, "size"); err != nil {
 				return err
 			}
-			if p.BudgetBytes, err = sizeFlag(cc, "budget"); err != nil {
+			if p.BudgetBytes, err = command.SizeFlag(cc, "budget"); err != nil {
 				return err
 			}
-			if p.MaxSizeBytes, err = sizeFlag(cc, "max-size"); err != nil {
+			if p.MaxSizeBytes, err = command.SizeFlag(cc, "max-size"); err != nil {
 				return err
 			}
 			return ctlRun(cc, func(ctx context.Context, c *manage.Client) (any, error) { return c.AddNamespace(ctx, p) })

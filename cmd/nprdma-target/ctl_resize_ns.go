@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/nprdma/nprdma/internal/command"
 	"github.com/nprdma/nprdma/target/manage"
 	"github.com/urfave/cli/v2"
 )
@@ -24,7 +25,7 @@ func ctlResizeNS() *cli.Command {
 			if err != nil {
 				return err
 			}
-			size, err := sizeFlag(cc, "size")
+			size, err := command.SizeFlag(cc, "size")
 			if err != nil {
 				return err
 			}

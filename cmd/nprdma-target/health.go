@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/nprdma/nprdma/internal/command"
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // metricsHandler serves, on --metrics-addr, the Prometheus metrics at
@@ -22,7 +22,7 @@ import (
 //     from SIGTERM on (the server keeps answering until the exit).
 func metricsHandler(reg *prometheus.Registry, tg *target.Target) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/", command.MetricsHandler(reg))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if f := tg.Health().Metadata; f != nil {
 			http.Error(w, fmt.Sprintf("%v: host-list and namespace changes are refused and a clean shutdown cannot be recorded; block I/O is served; restart on a working data directory", f),

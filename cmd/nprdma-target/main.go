@@ -7,19 +7,17 @@
 package main
 
 import (
-	"fmt"
 	"os"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/nprdma/nprdma/internal/command"
+	"github.com/nprdma/nprdma/internal/providers"
 	"github.com/nprdma/nprdma/target"
 )
 
 func main() {
-	if err := newApp().Run(interspersed(os.Args)); err != nil {
-		fmt.Fprintln(os.Stderr, "nprdma-target:", err)
-		os.Exit(1)
-	}
+	command.Main(newApp(), interspersed(os.Args))
 }
 
 // DefaultNQN names the subsystem when --nqn is not given.
@@ -57,9 +55,9 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "data-dir", Value: "nprdma-data", Usage: "directory for durable metadata (namespace identity, host lists, clean-shutdown marker; never page data) and the default backing file"},
 			&cli.StringFlag{Name: "default-size", Value: "4GiB", Usage: "size of the sparse backing file created under --data-dir when no backing is given"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9420; empty: off)"},
-			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "log level: debug, info, warn, error"},
+			command.LogLevelFlag("info"),
 			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP), verbs (an RDMA NIC through rdma-core: ConnectX, Soft-RoCE; NVMe/RDMA hosts such as Linux's nvme-rdma connect to it) or loop (in-process; for tests only)"},
-			&cli.StringFlag{Name: "rdma-device", Usage: "with --provider verbs: the RDMA device to use (ibv_devices lists them; default: the first)"},
+			providers.RDMADeviceFlag(),
 			&cli.StringFlag{Name: "frames", Value: "auto", Usage: "how hosts read namespaces one-sided: auto (through frames on an RDMA NIC, which cannot read the unpinned region; the region itself on the software providers), always (frames on any provider, to compare) or never (two-sided only on an RDMA NIC); docs/np-rdma.md §11"},
 			&cli.Float64Flag{Name: "frame-share", Value: target.DefaultFrameShare, Usage: "where frames are used: the share of each namespace's DRAM budget held as frames (registered pinned at start), the rest staying the budget of its region"},
 			&cli.BoolFlag{Name: "pin", Usage: "baseline for benchmarks only, a conventional RDMA target: at start, allocate the whole --memory and register it PINNED (mlock; seconds per GiB) before serving; a namespace that fits in it is held there wholly and read one-sided, a larger one is served two-sided only from its backing device (no region descriptor); exists for comparison, not for use"},

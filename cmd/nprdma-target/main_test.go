@@ -75,24 +75,6 @@ func TestParseBacking(t *testing.T) {
 	}
 }
 
-func TestSplitBudget(t *testing.T) {
-	got, err := splitBudget(100<<20, []int64{300 << 20, 100 << 20, 1 << 30}, []int64{0, 0, 20 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// 20 MiB fixed; 80 MiB split 3:1.
-	if got[0] != 60<<20 || got[1] != 20<<20 || got[2] != 20<<20 {
-		t.Fatalf("split %v", got)
-	}
-	// A share never exceeds its namespace: the rest stays free.
-	if got, err := splitBudget(1<<30, []int64{64 << 20, 192 << 20}, []int64{0, 0}); err != nil || got[0] != 64<<20 || got[1] != 192<<20 {
-		t.Fatalf("split of more memory than the namespaces hold: %v %v", got, err)
-	}
-	if _, err := splitBudget(10<<20, []int64{1 << 30}, []int64{20 << 20}); err == nil {
-		t.Fatal("budgets beyond --memory accepted")
-	}
-}
-
 func TestLoadConfig(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.json")

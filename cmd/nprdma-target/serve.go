@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/nprdma/nprdma/internal/sizes"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -20,13 +17,12 @@ import (
 
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/internal/banner"
-	"github.com/nprdma/nprdma/nprdma/loop"
+	"github.com/nprdma/nprdma/internal/command"
+	"github.com/nprdma/nprdma/internal/providers"
+	"github.com/nprdma/nprdma/internal/sizes"
 	"github.com/nprdma/nprdma/nprdma/shm"
-	"github.com/nprdma/nprdma/nprdma/tcp"
-	"github.com/nprdma/nprdma/nprdma/verbs"
 	"github.com/nprdma/nprdma/target"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/urfave/cli/v2"
 )
 
@@ -59,13 +55,17 @@ func serve(cc *cli.Context) error {
 	case n > 0:
 		runtime.GOMAXPROCS(n)
 	}
-	log, err := newLogger(cc.String("log-level"))
+	log, err := command.Logger(cc)
 	if err != nil {
 		return err
 	}
-	fabricOpt, err := newFabric(cc.String("provider"), cc.String("rdma-device"))
+	fabric, err := providers.Names{providers.TCP, providers.Verbs, providers.Loop}.Open(cc.String("provider"), cc.String("rdma-device"))
 	if err != nil {
 		return err
+	}
+	fabricOpt := target.WithProvider(fabric.Provider)
+	if fabric.Device != nil {
+		fabricOpt = target.WithDevice(fabric.Device)
 	}
 	frames, err := frameMode(cc.String("frames"))
 	if err != nil {
@@ -75,9 +75,9 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	memory, err := sizes.Parse(cc.String("memory"))
+	memory, err := command.SizeFlag(cc, "memory")
 	if err != nil {
-		return fmt.Errorf("--memory: %w", err)
+		return err
 	}
 	if memory < minMemory {
 		return fmt.Errorf("--memory %s: at least %s (the DRAM all namespaces may use together)", cc.String("memory"), sizes.Format(minMemory))
@@ -101,9 +101,9 @@ func serve(cc *cli.Context) error {
 	}
 	if len(subs) == 0 && !cc.Bool("no-default-namespace") {
 		// The embedded default: a sparse file under the data directory.
-		size, err := sizes.Parse(cc.String("default-size"))
+		size, err := command.SizeFlag(cc, "default-size")
 		if err != nil {
-			return fmt.Errorf("--default-size: %w", err)
+			return err
 		}
 		path := filepath.Join(dataDir, "default.img")
 		st, err := os.Stat(path)
@@ -170,8 +170,7 @@ func serve(cc *cli.Context) error {
 	}
 	var reg *prometheus.Registry
 	if cc.String("metrics-addr") != "" {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg = command.NewRegistry()
 		opts = append(opts, target.WithMetrics(reg))
 	}
 
@@ -225,11 +224,11 @@ func serve(cc *cli.Context) error {
 		devSizes = append(devSizes, o.dev.Size())
 		fixed = append(fixed, o.spec.budget)
 	}
-	budgets, err := splitBudget(max(memory-managed, 0), devSizes, fixed)
+	budgets, err := target.SplitBudget(max(memory-managed, 0), devSizes, fixed)
 	if err != nil {
 		tg.Close()
 		closeAll()
-		return err
+		return fmt.Errorf("--memory: %w", err)
 	}
 	var summary []string
 	handed := 0
@@ -290,17 +289,14 @@ func serve(cc *cli.Context) error {
 		tg.Close()
 		return err
 	}
-	var metricsSrv *http.Server
+	var metrics *command.Endpoint
 	if reg != nil {
-		ln, err := net.Listen("tcp", cc.String("metrics-addr"))
+		metrics, err = command.ServeMetrics(cc.String("metrics-addr"), metricsHandler(reg, tg))
 		if err != nil {
 			tg.Close()
-			return fmt.Errorf("--metrics-addr: %w", err)
+			return err
 		}
-		metricsSrv = &http.Server{Handler: metricsHandler(reg, tg), ReadHeaderTimeout: 10 * time.Second}
-		go metricsSrv.Serve(ln)
-		log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics",
-			"health", "http://"+ln.Addr().String()+"/healthz", "ready", "http://"+ln.Addr().String()+"/readyz")
+		log.Info("metrics", "url", metrics.URL("/metrics"), "health", metrics.URL("/healthz"), "ready", metrics.URL("/readyz"))
 	}
 	mode := "unpinned (NP-RDMA)"
 	if tg.UsesFrames() {
@@ -344,8 +340,8 @@ func serve(cc *cli.Context) error {
 	// from the bound.
 	stopManage()
 	err = tg.Shutdown(sctx)
-	if metricsSrv != nil {
-		metricsSrv.Close()
+	if metrics != nil {
+		metrics.Close()
 	}
 	if err != nil {
 		// Steps still running (a device or the metadata store that does
@@ -454,45 +450,6 @@ func reloadOnSIGHUP(k *fileKeyring, tg *atomic.Pointer[target.Target], log *slog
 	}
 }
 
-// splitBudget gives each namespace without a budget of its own a share of
-// memory (what the explicit budgets leave) in proportion to its size, at
-// most its size. The
-// pinned baseline (--pin) ignores the shares: it pins the whole of memory
-// and places namespaces in it while they fit.
-func splitBudget(memory int64, nsSizes, fixed []int64) ([]int64, error) {
-	out := make([]int64, len(nsSizes))
-	var fixedSum, freeSizes int64
-	for i, s := range nsSizes {
-		if fixed[i] > 0 {
-			out[i] = fixed[i]
-			fixedSum += fixed[i]
-		} else {
-			freeSizes += s
-		}
-	}
-	if fixedSum > memory {
-		return nil, fmt.Errorf("namespace budgets add up to %s, more than --memory %s", sizes.Format(fixedSum), sizes.Format(memory))
-	}
-	left := memory - fixedSum
-	for i, s := range nsSizes {
-		if out[i] == 0 && freeSizes > 0 {
-			// No more than the namespace itself: what it cannot use stays
-			// free for namespaces created through the management API.
-			share := min(int64(float64(left)*float64(s)/float64(freeSizes)), s)
-			out[i] = max(share/4096*4096, 16*4096)
-		}
-	}
-	return out, nil
-}
-
-func newLogger(level string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
-}
-
 // providerSummary names the provider for the banner, with the listeners
 // that take other providers (shm, for initiators on this host).
 func providerSummary(name string, addrs []string) string {
@@ -524,22 +481,4 @@ func frameMode(name string) (target.FrameMode, error) {
 		return target.FramesNever, nil
 	}
 	return 0, fmt.Errorf("--frames %q: want auto, always or never", name)
-}
-
-// newFabric is the target option --provider selects: a software NIC on
-// a provider, or an RDMA NIC (verbs).
-func newFabric(name, device string) (target.Option, error) {
-	switch name {
-	case "tcp":
-		return target.WithProvider(tcp.New()), nil
-	case "loop":
-		return target.WithProvider(loop.New()), nil
-	case "verbs":
-		dev, err := verbs.OpenDevice(device)
-		if err != nil {
-			return nil, fmt.Errorf("--provider verbs: %w", err)
-		}
-		return target.WithDevice(dev), nil
-	}
-	return nil, fmt.Errorf("--provider %q: want tcp, verbs or loop", name)
 }

@@ -48,6 +48,39 @@ func (d *Dir) Reap(rec Record, force bool) ([]string, error) {
 	return notes, d.Remove(rec.Name)
 }
 
+// Attached lists the attachments of d, as list shows them: those whose
+// attach process lives, and those whose process is gone but whose device
+// outlived it and waits for the next attach of the name (State
+// StateOrphaned; removing it would fail the filesystem on it). The records
+// of other gone processes are reaped (Reap), which say is told, as it is
+// told of records that cannot be read and of reaps that fail (their
+// records stay). The list is never nil.
+func (d *Dir) Attached(say func(string)) []Record {
+	recs, err := d.List()
+	if err != nil {
+		say(err.Error())
+	}
+	live := []Record{}
+	for _, r := range recs {
+		if r.Process().Alive() {
+			live = append(live, r)
+			continue
+		}
+		if d.Resumable(r) {
+			r.State = StateOrphaned
+			live = append(live, r)
+			continue
+		}
+		notes, err := d.Reap(r, false)
+		if err != nil {
+			say(fmt.Sprintf("%s: its process (pid %d) is gone; cleaning up after it: %v", r.Name, r.PID, err))
+			continue
+		}
+		say(fmt.Sprintf("dropped %s: its process (pid %d) is gone%s", r.Name, r.PID, joinNotes(notes)))
+	}
+	return live
+}
+
 // LoopBackingFile returns the file /dev/loopN is bound to ("" when unbound).
 func LoopBackingFile(dev string) (string, error) {
 	name := filepath.Base(dev)

@@ -139,3 +139,21 @@ func checkHandshakeOutput(t *testing.T, out []byte, entered, noZeroes bool) {
 		t.Fatalf("%d unexplained bytes after the option replies (entered transmission: %v)", len(out), entered)
 	}
 }
+
+// FuzzSimpleReply decodes simple reply headers: a header that decodes
+// re-encodes to its input, and one with the right magic always decodes.
+func FuzzSimpleReply(f *testing.F) {
+	f.Add(appendSimpleReply(nil, 0, 1))
+	f.Add(appendSimpleReply(nil, EIO, 0x6e7072646d61))
+	f.Add(appendChunkHeader(nil, ReplyFlagDone, ReplyTypeNone, 1, 0))
+	f.Add([]byte{0x67, 0x44, 0x66, 0x98, 0, 0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		errno, cookie, err := DecodeSimpleReply(data)
+		if err == nil && !bytes.Equal(appendSimpleReply(nil, errno, cookie), data[:simpleReplySize]) {
+			t.Fatalf("reply (%d, %#x) does not re-encode to its input", errno, cookie)
+		}
+		if err != nil && len(data) >= simpleReplySize && binary.BigEndian.Uint32(data) == magicSimpleReply {
+			t.Fatalf("valid header refused: %v", err)
+		}
+	})
+}

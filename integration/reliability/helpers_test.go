@@ -12,12 +12,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nprdma/nprdma/bench"
 	"github.com/nprdma/nprdma/blockdev"
 	"github.com/nprdma/nprdma/initiator"
 	"github.com/nprdma/nprdma/nprdma"
@@ -297,15 +298,12 @@ func statusOf(err error) *nvme.StatusError {
 	return nil
 }
 
-// percentile returns the p-th percentile (0..100) of the samples.
+// percentile returns the p-th percentile (0..100) of the samples by the
+// bench's nearest-rank rule.
 func percentile(samples []time.Duration, p float64) time.Duration {
-	if len(samples) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), samples...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	i := int(float64(len(s)-1) * p / 100)
-	return s[i]
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	return bench.Percentile(s, p)
 }
 
 // resources is what a leak check compares: this process's goroutines, file

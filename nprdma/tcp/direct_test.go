@@ -280,6 +280,57 @@ func TestDirectLingerHandsBack(t *testing.T) {
 	waitOne(t, ctx, p.srvSCQ, 9, nprdma.OpSend)
 }
 
+// While waiters keep driving, the linger checks back off — each check that
+// finds the receive side in use or just left doubles the interval to the
+// next — and once nobody waits, the reader goroutine still takes the
+// receive side back (delivering what arrived meanwhile) and the checks
+// start over at the linger.
+func TestLingerChecksBackOff(t *testing.T) {
+	ctx := context.Background()
+	const linger = 2 * time.Millisecond
+	p := newDirectPair(t, []Option{WithDirectCompletion(linger)}, nil)
+	l := onlyLink(t, p.cliProv)
+	check := func() time.Duration {
+		l.rcv.mu.Lock()
+		defer l.rcv.mu.Unlock()
+		return l.rcv.check
+	}
+	if err := p.cli.PostRecv(nprdma.RecvWR{ID: 7, SG: []nprdma.SGE{p.lmr.SGE(1<<20, 64)}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 1; check() <= linger; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("checks never backed off over %d READs", i)
+		}
+		p.read(t, ctx, uint64(i), 0, 4096)
+	}
+	if c := check(); c > maxLingerBackoff*linger {
+		t.Fatalf("check interval %v, want at most %v", c, maxLingerBackoff*linger)
+	}
+	copy(p.rbuf[8<<20:], "hello from the server")
+	if err := p.srv.PostSend(nprdma.SendWR{ID: 9, Op: nprdma.OpSend, SG: []nprdma.SGE{p.rmr.SGE(8<<20, 21)}, Signaled: true}); err != nil {
+		t.Fatal(err)
+	}
+	wcs := make([]nprdma.WC, 1)
+	for p.cliRCQ.Poll(wcs) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the SEND was never received")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	if wcs[0].ID != 7 || wcs[0].Status != nprdma.StatusSuccess || string(p.lbuf[1<<20:1<<20+21]) != "hello from the server" {
+		t.Fatalf("receive completion %+v, bytes %q", wcs[0], p.lbuf[1<<20:1<<20+21])
+	}
+	l.rcv.mu.Lock()
+	owner, c := l.rcv.owner, l.rcv.check
+	l.rcv.mu.Unlock()
+	if owner != rxReader || c != 0 {
+		t.Fatalf("after nobody waited: receive side owner %d, check interval %v; want the reader goroutine, 0 (the linger)", owner, c)
+	}
+	waitOne(t, ctx, p.srvSCQ, 9, nprdma.OpSend)
+}
+
 // A waiter whose context ends stops driving between frames: the link
 // stays consistent, and the next wait receives what is still coming. Many
 // short waits during a 16 MiB READ end in the middle of its payload.

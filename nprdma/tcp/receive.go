@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -53,8 +54,9 @@ type rxState struct {
 	wake   chan struct{} // hands the receive side to the parked reader goroutine
 	err    error         // a driver's terminal error, for the reader goroutine to report
 	linger *time.Timer
-	armed  bool  // linger is scheduled
-	freeAt int64 // nanotime the receive side last became free
+	armed  bool          // linger is scheduled
+	check  time.Duration // interval to the next linger check once backed off (0: the linger)
+	freeAt int64         // nanotime the receive side last became free
 	want   link.DriveWaiter
 	wanted atomic.Bool   // a waiter (want) found the reader goroutine receiving
 	drives atomic.Uint64 // Drive calls that received (for tests)
@@ -390,37 +392,75 @@ func (l *tcpLink) handBackLocked() {
 	r.wake <- struct{}{} // never blocks: one token per park
 }
 
+// maxLingerBackoff bounds how far apart the linger checks get while
+// drivers keep coming back: 32 × the linger.
+const maxLingerBackoff = 32
+
+// Linger checks. Each check is a timer firing: a goroutine, and often the
+// wake-up of an idle thread on the other vCPU. While drivers keep coming
+// back — a waiter receives, returns with its completion, posts and waits
+// again — a check every linger finds the receive side in use or just
+// left, on the order of once per 128 KiB operation at depth 8, each
+// costing about one more read, epoll wait and context switch. So a check
+// that finds drivers coming back doubles the interval to the next (up to
+// maxLingerBackoff × the linger); the first check after the receive side
+// goes free is a linger away, and a hand-back starts over.
+
+// maxLingerCheck is the longest interval between checks for linger.
+func maxLingerCheck(linger time.Duration) time.Duration {
+	if linger > math.MaxInt64/(2*maxLingerBackoff) {
+		return linger // too long to back off without overflowing
+	}
+	return maxLingerBackoff * linger
+}
+
 func (l *tcpLink) armLingerLocked() {
 	r := &l.rcv
 	if r.armed {
 		return
 	}
 	r.armed = true
+	d := max(r.check, l.prov.linger)
 	if r.linger == nil {
-		r.linger = time.AfterFunc(l.prov.linger, l.onLinger)
+		r.linger = time.AfterFunc(d, l.onLinger)
 	} else {
-		r.linger.Reset(l.prov.linger)
+		r.linger.Reset(d)
 	}
 }
 
 // onLinger hands the receive side back to the reader goroutine once it has
-// been free for the linger time.
+// been free for the linger time, and backs the checks off while drivers
+// keep coming back.
 func (l *tcpLink) onLinger() {
 	r := &l.rcv
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.armed = false
-	if r.owner != rxNone {
-		return // a driver is receiving; it arms the timer again when it leaves
-	}
-	if wait := l.prov.linger - time.Duration(nanotime()-r.freeAt); wait > 0 {
-		r.armed = true
-		r.linger.Reset(wait)
+	linger := l.prov.linger
+	backedOff := r.check > linger
+	idle := time.Duration(nanotime() - r.freeAt)
+	if r.owner == rxNone && idle >= linger {
+		r.check = 0
+		r.want = nil
+		r.wanted.Store(false)
+		l.handBackLocked()
 		return
 	}
-	r.want = nil
-	r.wanted.Store(false)
-	l.handBackLocked()
+	if r.owner == rxReader {
+		r.check = 0 // taken back otherwise (a freeze, the link going down)
+		return
+	}
+	r.check = 2 * min(max(r.check, linger), maxLingerCheck(linger)/2)
+	if r.owner == rxDriver {
+		return // it arms the timer again when it leaves
+	}
+	// Free, but a driver left less than the linger ago.
+	r.armed = true
+	if backedOff {
+		r.linger.Reset(r.check)
+	} else {
+		r.linger.Reset(linger - idle)
+	}
 }
 
 // wakeReader hands a free receive side back to the reader goroutine now

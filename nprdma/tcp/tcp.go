@@ -81,7 +81,9 @@ const DefaultDirectLinger = 200 * time.Microsecond
 // DefaultDirectLinger; 0 turns direct completion off: every packet is then
 // received by the reader goroutine and completions are handed over). This
 // bounds how long an inbound request or acknowledgement may wait while the
-// application is busy elsewhere. See docs/nprdma.md.
+// application is busy elsewhere: the linger once the receive side goes
+// free, up to 32 times the linger after waiters have kept coming back
+// (the checks back off then). See docs/nprdma.md.
 func WithDirectCompletion(linger time.Duration) Option {
 	return func(p *Provider) { p.linger = max(linger, 0) }
 }

@@ -1,7 +1,9 @@
 // Command nprdma-bench runs nprdma's benchmark suite and writes
-// bench/out/results.json and the report docs/bench.md with its plots.
+// bench/out/results.json, the report docs/bench.md with its plots, and the
+// results table of README.md.
 //
-//	go run ./bench/cmd/nprdma-bench                      # quick mode, every experiment
+//	go run ./bench/cmd/nprdma-bench                      # quick mode, every experiment, 5 rounds
+//	go run ./bench/cmd/nprdma-bench --mode smoke         # one round of everything, nothing judged
 //	go run ./bench/cmd/nprdma-bench --mode full          # long runs (make bench BENCH=full)
 //	go run ./bench/cmd/nprdma-bench --only blockdev      # one experiment; the others are carried over
 //	go run ./bench/cmd/nprdma-bench --list               # names, status and goals
@@ -24,14 +26,12 @@ import (
 
 	"github.com/nprdma/nprdma/bench"
 	"github.com/nprdma/nprdma/bench/swapbench"
+	"github.com/nprdma/nprdma/internal/command"
 )
 
 func main() {
 	swapbench.RunRSSChildIfAsked()
-	if err := newApp().Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "nprdma-bench:", err)
-		os.Exit(1)
-	}
+	command.Main(newApp(), os.Args)
 }
 
 func newApp() *cli.App {
@@ -41,11 +41,12 @@ func newApp() *cli.App {
 		// A --note is free text: commas in it must not split it.
 		DisableSliceFlagSeparator: true,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "mode", Value: "quick", EnvVars: []string{"BENCH"}, Usage: "quick (whole suite ≤ 10 minutes) or full (bigger sizes, longer runs)"},
+			&cli.StringFlag{Name: "mode", Value: "quick", EnvVars: []string{"BENCH"}, Usage: "quick (5 rounds of every judged point, whole suite ≤ 15 minutes), full (bigger sizes, longer runs) or smoke (one round, nothing judged)"},
 			&cli.StringFlag{Name: "only", Usage: "run only these experiments (comma-separated names); the others keep their earlier results"},
 			&cli.StringFlag{Name: "out", Value: "bench/out", Usage: "directory for results.json and raw outputs (relative paths are taken from the repository root)"},
 			&cli.StringFlag{Name: "report", Value: "docs/bench.md", Usage: "markdown report to write; plots and a copy of the results go to a directory named after it"},
 			&cli.BoolFlag{Name: "no-report", Usage: "write results.json only"},
+			&cli.StringFlag{Name: "readme", Usage: "README whose results table (between the bench-table markers) is rewritten with the report (default: README.md in the directory above the report's, so docs/bench.md → README.md)"},
 			&cli.StringFlag{Name: "scratch", Usage: "directory for large temporary files such as backing files (default: --out); must be on a disk, not tmpfs"},
 			&cli.StringFlag{Name: "cpus", Usage: "pin the bench and every process it starts to these CPUs (e.g. 1 or 0-1); default: not pinned, placement is only observed"},
 			&cli.BoolFlag{Name: "install-missing", Value: true, Usage: "apt-get install missing peers (fio, nbdkit, ...) when running as root"},
@@ -78,8 +79,12 @@ func run(c *cli.Context) error {
 	root := repoRoot()
 	outDir := fromRoot(root, c.String("out"))
 	reportPath := fromRoot(root, c.String("report"))
+	readmePath := filepath.Join(filepath.Dir(filepath.Dir(reportPath)), "README.md")
+	if r := c.String("readme"); r != "" {
+		readmePath = fromRoot(root, r)
+	}
 	if c.Bool("render-only") {
-		return renderOnly(filepath.Join(outDir, "results.json"), reportPath, c.StringSlice("note"))
+		return renderOnly(filepath.Join(outDir, "results.json"), reportPath, readmePath, c.StringSlice("note"))
 	}
 	scratch := outDir
 	if s := c.String("scratch"); s != "" {
@@ -140,10 +145,9 @@ func run(c *cli.Context) error {
 	}
 	fmt.Println("results:", resultsPath)
 	if !c.Bool("no-report") {
-		if err := bench.WriteReport(result, reportPath); err != nil {
+		if err := writeReport(result, reportPath, readmePath); err != nil {
 			return err
 		}
-		fmt.Println("report:", reportPath)
 	}
 	summarize(result)
 	if failed := result.Failed(); len(failed) > 0 {
@@ -180,7 +184,7 @@ func startCPUProfile(path string) (func(), error) {
 // pure function of them, so styling changes need no new measurements. Notes
 // given now (say, on runs made after the stored one) are added to the stored
 // run's, in results.json too, so that the record and the report agree.
-func renderOnly(resultsPath, reportPath string, notes []string) error {
+func renderOnly(resultsPath, reportPath, readmePath string, notes []string) error {
 	r, err := bench.ReadRun(resultsPath)
 	if err != nil {
 		return err
@@ -191,10 +195,27 @@ func renderOnly(resultsPath, reportPath string, notes []string) error {
 			return err
 		}
 	}
+	fmt.Println("from", resultsPath)
+	return writeReport(r, reportPath, readmePath)
+}
+
+// writeReport writes the report and the README's results table, which
+// links to the report. A README that is missing or has no table markers is
+// reported and left alone: the measurements are in the report either way.
+func writeReport(r *bench.Run, reportPath, readmePath string) error {
 	if err := bench.WriteReport(r, reportPath); err != nil {
 		return err
 	}
-	fmt.Println("report:", reportPath, "(from", resultsPath+")")
+	fmt.Println("report:", reportPath)
+	rel, err := filepath.Rel(filepath.Dir(readmePath), reportPath)
+	if err != nil {
+		return err
+	}
+	if err := bench.WriteStandingTable(r, readmePath, filepath.ToSlash(rel)); err != nil {
+		fmt.Fprintln(os.Stderr, "nprdma-bench: README results table not written:", err)
+		return nil
+	}
+	fmt.Println("results table:", readmePath)
 	return nil
 }
 
@@ -231,11 +252,15 @@ func summarize(r *bench.Run) {
 					continue
 				}
 				mark := "MET"
-				if f.Met == nil || !*f.Met {
+				switch {
+				case !f.Judged():
+					mark = fmt.Sprintf("not judged (%d of %d rounds)", f.Rounds(), bench.MinRounds)
+				case f.Met == nil || !*f.Met:
 					mark = "NOT MET"
 				}
-				fmt.Printf("%-13s   %s: %.3g %s vs %.3g %s (%s) ratio %.2f, goal %s: %s\n", "", f.Name, f.Value, f.Unit,
-					f.BaselineValue, f.Unit, f.Baseline, f.Ratio, f.Goal.Expression(), mark)
+				lo, hi := f.RatioRange()
+				fmt.Printf("%-13s   %s: %.3g %s vs %.3g %s (%s) median ratio %.2f (%.2f–%.2f over %d rounds), goal %s: %s\n", "", f.Name, f.Value, f.Unit,
+					f.BaselineValue, f.Unit, f.Baseline, f.Ratio, lo, hi, f.Rounds(), f.Goal.Expression(), mark)
 			}
 		default:
 			fmt.Printf("%-13s %s\n", e.Name, e.Status)

@@ -143,3 +143,29 @@ func TestCPUProfile(t *testing.T) {
 		t.Fatalf("profile in a missing directory: %v", err)
 	}
 }
+
+// TestREADMETableMatchesResults: the README's results table is what the
+// bench generates from the committed results (docs/bench/results.json, the
+// record behind docs/bench.md), so the README cannot drift from the report.
+func TestREADMETableMatchesResults(t *testing.T) {
+	root := repoRoot()
+	if root == "" {
+		t.Skip("not inside the nprdma repository")
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := bench.StandingTableIn(readme)
+	if err != nil {
+		t.Skipf("README.md has no results table yet: %v", err)
+	}
+	run, err := bench.ReadRun(filepath.Join(root, "docs", "bench", "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := bench.StandingTable(run, "docs/bench.md"); got != want {
+		t.Fatalf("README.md's table differs from docs/bench/results.json; regenerate it with\n"+
+			"  go run ./bench/cmd/nprdma-bench --render-only --out docs/bench\ngot:\n%s\nwant:\n%s", got, want)
+	}
+}

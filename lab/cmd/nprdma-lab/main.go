@@ -9,15 +9,13 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/nprdma/nprdma/internal/command"
 	"github.com/nprdma/nprdma/lab"
 	"github.com/urfave/cli/v2"
 )
 
 func main() {
-	if err := newApp().Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "nprdma-lab:", err)
-		os.Exit(1)
-	}
+	command.Main(newApp(), os.Args)
 }
 
 const about = `The guest lab boots a Debian kernel under QEMU (TCG; a few seconds) with this machine's root
@@ -42,10 +40,7 @@ func newApp() *cli.App {
 		Description:     about,
 		Commands:        []*cli.Command{shellCommand(), runCommand(), fetchCommand(), statusCommand()},
 		HideHelpCommand: true,
-		CommandNotFound: func(cc *cli.Context, name string) {
-			fmt.Fprintf(cc.App.ErrWriter, "nprdma-lab: unknown command %q (commands: shell, run, fetch, status; --help for more)\n", name)
-			cli.OsExiter(2)
-		},
+		CommandNotFound: command.UnknownCommand,
 	}
 }
 
