@@ -273,6 +273,12 @@ func run(ctx context.Context, s Spec, shell bool) (*Result, error) {
 	steps, _ := os.ReadFile(filepath.Join(labDir, "steps"))
 	var open bool
 	res.Steps, open = parseSteps(string(steps), cons.clockOffset, end)
+	if open && res.Steps[len(res.Steps)-1].Duration <= 0 && !cons.stepSeen.IsZero() {
+		// The clock offset taken at boot includes that line's trip through
+		// the console, which may exceed a later line's: the step lasted at
+		// least from the console showing it until the guest stopped.
+		res.Steps[len(res.Steps)-1].Duration = end.Sub(cons.stepSeen)
+	}
 	status, statusErr := os.ReadFile(filepath.Join(labDir, "status"))
 	if stopped == nil && statusErr == nil {
 		if res.ExitCode, err = strconv.Atoi(strings.TrimSpace(string(status))); err != nil {
@@ -533,11 +539,15 @@ type consoleReader struct {
 	begin       time.Time
 	boot        time.Duration
 	clockOffset time.Duration // this machine's clock minus the guest's
+	stepSeen    time.Time     // when the last "lab: step NAME" line arrived
 	last        []string
 	afterBoot   strings.Builder // the console after the boot marker, up to 1 MiB
 }
 
-const bootMarker = "nprdma-lab: booted "
+const (
+	bootMarker = "nprdma-lab: booted "
+	stepMarker = "lab: step "
+)
 
 func (c *consoleReader) read(r io.Reader) {
 	sc := bufio.NewScanner(r)
@@ -553,6 +563,9 @@ func (c *consoleReader) read(r io.Reader) {
 		}
 		if c.boot != 0 && c.afterBoot.Len() < 1<<20 && !strings.HasPrefix(line, bootMarker) {
 			c.afterBoot.WriteString(line + "\n")
+		}
+		if strings.HasPrefix(line, stepMarker) {
+			c.stepSeen = time.Now()
 		}
 		if len(c.last) == 40 {
 			c.last = c.last[1:]
