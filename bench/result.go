@@ -9,12 +9,14 @@
 package bench
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -303,6 +305,24 @@ func (r *Run) WriteJSON(path string) error {
 	}
 	data = append(data, '\n')
 	return writeFileAtomic(path, data)
+}
+
+// WithoutRoot returns the run with every mention of the directory root
+// (the repository the bench ran in) made relative to it, so that results
+// and reports committed from one machine name no path of it.
+func (r *Run) WithoutRoot(root string) (*Run, error) {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	root = strings.TrimSuffix(root, "/")
+	data = bytes.ReplaceAll(data, []byte(root+"/"), nil)
+	data = bytes.ReplaceAll(data, []byte(root), []byte("."))
+	var out Run
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // ReadRun reads a results file written by WriteJSON.

@@ -163,3 +163,17 @@ func TestCarryOver(t *testing.T) {
 	}
 	cur.CarryOver(nil) // no earlier run: nothing happens
 }
+
+func TestWithoutRootNamesNoPathOfTheMachine(t *testing.T) {
+	r := &Run{Experiments: []*Experiment{{Name: "x", Method: "A file in /srv/repo/bench/out is read; the repository is /srv/repo."}}}
+	got, err := r.WithoutRoot("/srv/repo/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "A file in bench/out is read; the repository is .."; got.Experiments[0].Method != want {
+		t.Fatalf("method %q, want %q", got.Experiments[0].Method, want)
+	}
+	if r.Experiments[0].Method == got.Experiments[0].Method {
+		t.Fatal("the run given was changed")
+	}
+}

@@ -84,7 +84,7 @@ func run(c *cli.Context) error {
 		readmePath = fromRoot(root, r)
 	}
 	if c.Bool("render-only") {
-		return renderOnly(filepath.Join(outDir, "results.json"), reportPath, readmePath, c.StringSlice("note"))
+		return renderOnly(root, filepath.Join(outDir, "results.json"), reportPath, readmePath, c.StringSlice("note"))
 	}
 	scratch := outDir
 	if s := c.String("scratch"); s != "" {
@@ -122,6 +122,9 @@ func run(c *cli.Context) error {
 	defer stop()
 	result, err := bench.RunSuite(ctx, specs, env, only)
 	if err != nil {
+		return err
+	}
+	if result, err = result.WithoutRoot(root); err != nil {
 		return err
 	}
 	result.Command = commandLine()
@@ -184,16 +187,17 @@ func startCPUProfile(path string) (func(), error) {
 // pure function of them, so styling changes need no new measurements. Notes
 // given now (say, on runs made after the stored one) are added to the stored
 // run's, in results.json too, so that the record and the report agree.
-func renderOnly(resultsPath, reportPath, readmePath string, notes []string) error {
+func renderOnly(root, resultsPath, reportPath, readmePath string, notes []string) error {
 	r, err := bench.ReadRun(resultsPath)
 	if err != nil {
 		return err
 	}
-	if len(notes) > 0 {
-		r.Notes = append(r.Notes, notes...)
-		if err := r.WriteJSON(resultsPath); err != nil {
-			return err
-		}
+	if r, err = r.WithoutRoot(root); err != nil {
+		return err
+	}
+	r.Notes = append(r.Notes, notes...)
+	if err := r.WriteJSON(resultsPath); err != nil {
+		return err
 	}
 	fmt.Println("from", resultsPath)
 	return writeReport(r, reportPath, readmePath)
