@@ -13,7 +13,7 @@ func (r *Region) kickEvictor() {
 	}
 }
 
-// evictor keeps r.margin budget slots free so that faults rarely have to
+// evictor keeps freeMargin budget slots free so that faults rarely have to
 // reclaim directly, and brings resident back under the budget after raw-view
 // fills (which the fault threads cannot refuse) pushed it above.
 func (r *Region) evictor() {
@@ -28,7 +28,7 @@ func (r *Region) evictor() {
 		r.drainFills()
 		idle := time.Millisecond
 		for {
-			excess := atomic.LoadInt64(r.resident) - (r.budget - r.margin)
+			excess := atomic.LoadInt64(r.resident) - (r.budget - r.freeMargin())
 			if excess <= 0 {
 				break
 			}

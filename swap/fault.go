@@ -42,7 +42,7 @@ func (r *Region) tryReserve() bool {
 			return false
 		}
 		if atomic.CompareAndSwapInt64(r.resident, cur, cur+1) {
-			if cur+1 > r.budget-r.margin {
+			if cur+1 > r.budget-r.freeMargin() {
 				r.kickEvictor()
 			}
 			return true

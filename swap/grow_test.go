@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nprdma/nprdma/blockdev"
 )
@@ -125,5 +126,32 @@ func TestMaxSizeBelowSizeIsRefused(t *testing.T) {
 	dev := openDevice(t, newBackingFile(t, 1<<20))
 	if _, err := New(dev, WithMaxSize(512<<10), WithLogger(quietLogger())); err == nil {
 		t.Fatal("New with a maximum size below the size succeeded")
+	}
+}
+
+// TestGrowBeyondTheBudgetKeepsAFreeMargin: a region whose budget covered it
+// keeps no free slots, and once Grow made it larger than its budget the
+// evictor keeps the free margin again after the new range is read.
+func TestGrowBeyondTheBudgetKeepsAFreeMargin(t *testing.T) {
+	const pages = 256
+	r, dev := newRegion(t, pages*PageSize, WithBudget(pages*PageSize), WithMaxSize(2*pages*PageSize), WithFreeMargin(8))
+	mustRead(t, r, pages*PageSize, 0)
+	if st := r.Stats(); st.Resident != pages || st.Evictions != 0 {
+		t.Fatalf("before the growth: resident %d, evictions %d; want %d, 0", st.Resident, st.Evictions, pages)
+	}
+	if err := blockdev.Grow(dev, 2*pages*PageSize); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Grow(2 * pages * PageSize); err != nil {
+		t.Fatal(err)
+	}
+	mustRead(t, r, pages*PageSize, pages*PageSize)
+	// The evictor works in the background: wait for it, bounded.
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Stats().Resident > pages-8 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if st := r.Stats(); st.Resident > pages-8 || st.Evictions == 0 {
+		t.Fatalf("after the growth: resident %d, evictions %d; want at most %d resident and evictions", st.Resident, st.Evictions, pages-8)
 	}
 }

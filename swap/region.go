@@ -55,7 +55,7 @@ type Region struct {
 	holes    holeList
 
 	budget   int64  // pages
-	margin   int64  // pages the evictor keeps free
+	margin   int64  // pages the evictor keeps free once the region outgrows its budget (freeMargin)
 	resident *int64 // shared with C: mapped pages + reservations
 
 	dirtyLimit int64
@@ -175,12 +175,6 @@ func New(dev blockdev.Device, opts ...Option) (*Region, error) {
 		r.margin = min(max(budget/16, 1), 4096)
 	}
 	r.margin = min(r.margin, budget-1)
-	if budget == maxPages {
-		// Every page fits, even after growth: nothing will ever need a free
-		// slot, and a margin would only keep part of a fully budgeted
-		// region out of memory.
-		r.margin = 0
-	}
 	r.npages.Store(npages)
 	r.dirtyLimit = int64(cfg.dirtyLimit)
 	if cfg.dirtyLimit <= 0 {
@@ -261,6 +255,18 @@ func New(dev blockdev.Device, opts ...Option) (*Region, error) {
 		a.attach(r)
 	}
 	return r, nil
+}
+
+// freeMargin is how many budget slots the evictor keeps free: none while
+// every page of the region's present size fits in the budget (a margin would
+// only keep part of a fully budgeted region out of memory, however far
+// WithMaxSize lets it grow), r.margin once Grow made it larger than the
+// budget.
+func (r *Region) freeMargin() int64 {
+	if r.budget >= r.npages.Load() {
+		return 0
+	}
+	return r.margin
 }
 
 // Size is the region's size in bytes.

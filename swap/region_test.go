@@ -565,26 +565,38 @@ func faultThreads(t *testing.T) int {
 
 // A region whose budget covers every page must keep every page resident: a
 // free margin there would only push a fully budgeted namespace out of memory.
+// That holds for a region that may grow beyond its budget later
+// (WithMaxSize), as the target's namespaces may, while it has not.
 func TestFullBudgetKeepsEveryPageResident(t *testing.T) {
 	const pages = 256
-	r, _ := newRegion(t, pages*PageSize, WithBudget(2*pages*PageSize))
-	for p := 0; p < pages; p++ {
-		mustWrite(t, r, pagePattern(p, 1), int64(p)*PageSize)
-	}
-	// Read everything twice over: nothing may have been evicted.
-	buf := make([]byte, PageSize)
-	for round := 0; round < 2; round++ {
-		for p := 0; p < pages; p++ {
-			if _, err := r.ReadAt(buf, int64(p)*PageSize); err != nil {
-				t.Fatal(err)
+	for _, c := range []struct {
+		name string
+		opts []Option
+	}{
+		{"budget above the size", []Option{WithBudget(2 * pages * PageSize)}},
+		{"budget equal to the size, room to grow", []Option{WithBudget(pages * PageSize), WithMaxSize(4 * pages * PageSize)}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, _ := newRegion(t, pages*PageSize, c.opts...)
+			for p := 0; p < pages; p++ {
+				mustWrite(t, r, pagePattern(p, 1), int64(p)*PageSize)
 			}
-			if !bytes.Equal(buf, pagePattern(p, 1)) {
-				t.Fatalf("page %d: wrong content", p)
+			// Read everything twice over: nothing may have been evicted.
+			buf := make([]byte, PageSize)
+			for round := 0; round < 2; round++ {
+				for p := 0; p < pages; p++ {
+					if _, err := r.ReadAt(buf, int64(p)*PageSize); err != nil {
+						t.Fatal(err)
+					}
+					if !bytes.Equal(buf, pagePattern(p, 1)) {
+						t.Fatalf("page %d: wrong content", p)
+					}
+				}
 			}
-		}
-	}
-	st := r.Stats()
-	if st.Resident != pages || st.Evictions != 0 || st.MajorFaults != 0 {
-		t.Fatalf("resident %d, evictions %d, major faults %d; want %d, 0, 0", st.Resident, st.Evictions, st.MajorFaults, pages)
+			st := r.Stats()
+			if st.Resident != pages || st.Evictions != 0 || st.MajorFaults != 0 {
+				t.Fatalf("resident %d, evictions %d, major faults %d; want %d, 0, 0", st.Resident, st.Evictions, st.MajorFaults, pages)
+			}
+		})
 	}
 }

@@ -74,7 +74,8 @@ func DefaultCapacityConfig(m bench.Mode) CapacityConfig {
 }
 
 // memoryFor returns the --memory that leaves b bytes resident after swap's
-// free margin (budget/16, at most 16 MiB), rounded up to whole pages.
+// free margin (budget/16, at most 16 MiB, kept by a region larger than its
+// budget), rounded up to whole pages.
 func memoryFor(b int64) int64 {
 	m := (b*16/15 + pageSize - 1) / pageSize * pageSize
 	if m-b > 16<<20 {
@@ -635,9 +636,8 @@ func capacityReport(env *bench.Env, cfg CapacityConfig, runs []*capRun, tgtBin s
 		}
 	}
 	if h := seriesYOf(series["hit-uniform"], 1); h > 0 && h < 0.99 {
-		exp.Note("At 1× only %.1f%% of uniform reads were hits although --memory exceeds the namespace: swap caps a region's "+
-			"budget at its size and still keeps its free margin (a sixteenth) unused. The prediction therefore takes the 1× hits' "+
-			"latency, not the 1× average, as the all-resident latency.", h*100)
+		exp.Note("At 1× only %.1f%% of uniform reads were hits although --memory exceeds the namespace. The prediction "+
+			"therefore takes the 1× hits' latency, not the 1× average, as the all-resident latency.", h*100)
 	}
 	var coldNotes []string
 	for _, run := range runs {

@@ -471,9 +471,8 @@ func MeasureE2E(ctx context.Context, env *bench.Env, bins *Binaries, cfg E2EConf
 		}
 	}
 	if resShare < 0.99 {
-		exp.Note("Resident case: only %.1f%% of random reads completed one-sided although --memory exceeds the namespace: swap caps a "+
-			"region's budget at its size and still keeps its free margin (a sixteenth) unused, so about that share of pages is "+
-			"never resident and those reads take the fault path.", resShare*100)
+		exp.Note("Resident case: only %.1f%% of random reads completed one-sided although --memory exceeds the namespace: "+
+			"the others found their page absent and took the fault path.", resShare*100)
 	}
 	exp.Note("Hops: ours goes fio → (unix socket) attach process → (nprdma/tcp) target; the two-hop peer fio → (unix socket) proxy nbdkit → (TCP) nbdkit; the one-hop peer fio → (TCP) nbdkit.")
 	exp.Note("SSD case: after the warm-up %.0f%% of our reads completed one-sided; nbdkit's file plugin with cache=none keeps no cache, ours keeps --memory %s of the %s namespace: the figures compare a DRAM cache plus the SSD against the SSD alone.",
