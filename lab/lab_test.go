@@ -102,7 +102,7 @@ kernel/net/core/failover.ko:
 
 func TestParseSteps(t *testing.T) {
 	records := "start 100.000000 first\nend 100.250000 0\nstart 100.250000 second step\nend 101.000000 3\n"
-	steps, open := parseSteps(records, 0, time.Now())
+	steps, open := parseSteps(records, 0, time.Time{}, time.Now())
 	want := []Step{{"first", 250 * time.Millisecond, true}, {"second step", 750 * time.Millisecond, false}}
 	if open || !reflect.DeepEqual(steps, want) {
 		t.Fatalf("steps %+v open %v; want %+v closed", steps, open, want)
@@ -114,12 +114,20 @@ func TestParseSteps(t *testing.T) {
 	// clock: guest time + offset.
 	offset := 5 * time.Second
 	end := time.Unix(102, 0).Add(offset)
-	steps, open = parseSteps("start 100.5 ready\nend 101 0\nstart 101 hang\n", offset, end)
+	steps, open = parseSteps("start 100.5 ready\nend 101 0\nstart 101 hang\n", offset, time.Time{}, end)
 	if !open || len(steps) != 2 || steps[1].Name != "hang" || steps[1].OK || steps[1].Duration != time.Second {
 		t.Fatalf("steps %+v open %v; want hang open for 1s", steps, open)
 	}
 	if lastFailed(steps) != "hang" {
 		t.Fatalf("lastFailed = %q", lastFailed(steps))
+	}
+	// An offset that places the open step's start after the guest stopped
+	// (the boot line's console trip was the slower): it lasted from when
+	// the console showed it.
+	seen := end.Add(-300 * time.Millisecond)
+	steps, open = parseSteps("start 101 ready\nend 101 0\nstart 102.5 hang\n", offset, seen, end)
+	if !open || len(steps) != 2 || steps[1].Duration != 300*time.Millisecond {
+		t.Fatalf("steps %+v open %v; want hang open for 300ms", steps, open)
 	}
 }
 
@@ -238,7 +246,7 @@ echo never
 		t.Errorf("script ran in %q; want $LAB_OUT %q", pwd, outDir)
 	}
 	records, _ := os.ReadFile(filepath.Join(labDir, "steps"))
-	steps, open := parseSteps(string(records), 0, time.Now())
+	steps, open := parseSteps(string(records), 0, time.Time{}, time.Now())
 	if open || len(steps) != 2 || !steps[0].OK || steps[1].OK || steps[1].Name != "two" {
 		t.Fatalf("steps %+v open %v from records:\n%s", steps, open, records)
 	}

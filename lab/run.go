@@ -272,13 +272,7 @@ func run(ctx context.Context, s Spec, shell bool) (*Result, error) {
 	}
 	steps, _ := os.ReadFile(filepath.Join(labDir, "steps"))
 	var open bool
-	res.Steps, open = parseSteps(string(steps), cons.clockOffset, end)
-	if open && res.Steps[len(res.Steps)-1].Duration <= 0 && !cons.stepSeen.IsZero() {
-		// The clock offset taken at boot includes that line's trip through
-		// the console, which may exceed a later line's: the step lasted at
-		// least from the console showing it until the guest stopped.
-		res.Steps[len(res.Steps)-1].Duration = end.Sub(cons.stepSeen)
-	}
+	res.Steps, open = parseSteps(string(steps), cons.clockOffset, cons.stepSeen, end)
 	status, statusErr := os.ReadFile(filepath.Join(labDir, "status"))
 	if stopped == nil && statusErr == nil {
 		if res.ExitCode, err = strconv.Atoi(strings.TrimSpace(string(status))); err != nil {
@@ -472,8 +466,11 @@ func initramfsFor(k kernel, tree string) ([]byte, error) {
 // parseSteps reads the guest's step records ("start SECONDS NAME", "end
 // SECONDS STATUS"). A step still open when the guest stopped lasted until
 // end (this machine's clock; offset maps the guest's clock to it) and is
-// reported open.
-func parseSteps(records string, offset time.Duration, end time.Time) (steps []Step, open bool) {
+// reported open. The clock offset taken at boot includes that line's trip
+// through the console, which may exceed a later line's; where it leaves the
+// open step no duration, the step lasted at least from seen (when this
+// machine's console showed it; zero if unknown) until end.
+func parseSteps(records string, offset time.Duration, seen, end time.Time) (steps []Step, open bool) {
 	var started time.Time
 	for _, line := range strings.Split(records, "\n") {
 		kind, rest, _ := strings.Cut(line, " ")
@@ -497,7 +494,11 @@ func parseSteps(records string, offset time.Duration, end time.Time) (steps []St
 		}
 	}
 	if open {
-		if d := end.Sub(started.Add(offset)); d > 0 {
+		d := end.Sub(started.Add(offset))
+		if d <= 0 && !seen.IsZero() {
+			d = end.Sub(seen)
+		}
+		if d > 0 {
 			steps[len(steps)-1].Duration = d
 		}
 	}
