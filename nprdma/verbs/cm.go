@@ -481,8 +481,10 @@ func (qp *QP) connectFailed(cause error) {
 	}
 	id := qp.id
 	qp.id = nil
+	if qp.State() != nprdma.QPStateClosed { // under ctl, as in errorAndDisconnectLocked
+		C.np_qp_error(qp.qp)
+	}
 	qp.ctl.Unlock()
-	C.np_qp_error(qp.qp)
 	if id != nil {
 		qp.dev.forget(id)
 		C.np_destroy_id(id)

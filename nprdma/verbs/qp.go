@@ -236,11 +236,18 @@ func (qp *QP) fail(cause error) {
 		return
 	}
 	qp.setErrorLocked(cause)
-	id := qp.id
+	qp.errorAndDisconnectLocked()
 	qp.ctl.Unlock()
+}
+
+// errorAndDisconnectLocked moves the device's queue pair to the error state
+// and disconnects its id. It runs under ctl: Close destroys both once it has
+// set the closed state under ctl, and a connection manager event that fails
+// the queue pair can arrive while Close runs in another goroutine.
+func (qp *QP) errorAndDisconnectLocked() {
 	C.np_qp_error(qp.qp)
-	if id != nil {
-		C.np_disconnect(id)
+	if qp.id != nil {
+		C.np_disconnect(qp.id)
 	}
 }
 
@@ -286,10 +293,8 @@ func (qp *QP) Disconnect() error {
 	}
 	qp.dropped = true
 	qp.setErrorLocked(nprdma.ErrDisconnected)
-	id := qp.id
+	qp.errorAndDisconnectLocked()
 	qp.ctl.Unlock()
-	C.np_qp_error(qp.qp)
-	C.np_disconnect(id)
 	return nil
 }
 

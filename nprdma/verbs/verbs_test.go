@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -372,5 +373,36 @@ func waitErr(t *testing.T, qp *nprdma.QP, want error) {
 	}
 	if err := qp.Err(); !errors.Is(err, want) {
 		t.Fatalf("qp %d: %v, want %v", qp.Num(), err, want)
+	}
+}
+
+// TestCloseWhilePeerDisconnects closes both ends of connections at once: the
+// disconnect of one end reaches the other's connection manager loop while
+// that end's Close destroys its id and queue pair, which must not be touched
+// after (the loop once disconnected a destroyed id and crashed).
+func TestCloseWhilePeerDisconnects(t *testing.T) {
+	d := openDevice(t)
+	for i := 0; i < 16; i++ {
+		cli, srv, _, _ := pair(t, d, nprdma.QPConfig{}, nil)
+		var wg sync.WaitGroup
+		for k, e := range []*end{cli, srv} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// The server's close starts a little later each round, so
+				// that some rounds close it while its loop handles the
+				// client's disconnect.
+				time.Sleep(time.Duration(k*i) * 200 * time.Microsecond)
+				if err := e.qp.Close(); err != nil {
+					t.Errorf("close qp %d: %v", e.qp.Num(), err)
+				}
+			}()
+		}
+		wg.Wait()
+		for _, e := range []*end{cli, srv} {
+			if st := e.qp.State(); st != nprdma.QPStateClosed {
+				t.Fatalf("round %d: qp %d is %s after close", i, e.qp.Num(), st)
+			}
+		}
 	}
 }
