@@ -197,7 +197,7 @@ func (c *controller) identify(r Request) result {
 	if err != nil {
 		return result{err: nvme.Errorf(nvme.StatusInternalError, "identify: %w", err)}
 	}
-	if err := r.SetData(data); err != nil {
+	if err := setData(r, data); err != nil {
 		return result{err: err}
 	}
 	return result{}
@@ -296,7 +296,7 @@ func (c *controller) getLogPage(r Request) result {
 	if err != nil {
 		return result{err: err}
 	}
-	if err := r.SetData(out); err != nil {
+	if err := setData(r, out); err != nil {
 		return result{err: err}
 	}
 	return result{}
@@ -422,7 +422,7 @@ func (c *controller) regionDescriptor(r Request) result {
 		if err != nil {
 			return result{err: nvme.Errorf(nvme.StatusInternalError, "region descriptor: %w", err)}
 		}
-		if err := r.SetData(b); err != nil {
+		if err := setData(r, b); err != nil {
 			return result{err: err}
 		}
 		// This host reads frames: its Reads fill them.
@@ -455,7 +455,7 @@ func (c *controller) regionDescriptor(r Request) result {
 	if err != nil {
 		return result{err: nvme.Errorf(nvme.StatusInternalError, "region descriptor: %w", err)}
 	}
-	if err := r.SetData(b); err != nil {
+	if err := setData(r, b); err != nil {
 		return result{err: err}
 	}
 	return result{}

@@ -162,7 +162,7 @@ func (qc *queueConn) authCommand(c *controller, r Request) result {
 			}
 			return result{err: nvme.Errorf(st.WithDNR(), "authentication receive: %v", err)}
 		}
-		if err := r.SetData(b); err != nil {
+		if err := setData(r, b); err != nil {
 			return result{err: err}
 		}
 	}

@@ -61,14 +61,22 @@ type Request interface {
 	// DataBuffer returns an n-byte buffer whose content Complete sends to
 	// the host (for commands that return data); valid until Complete.
 	DataBuffer(n int) ([]byte, error)
-	// SetData copies p into a data buffer (see DataBuffer).
-	SetData(p []byte) error
 	// Complete sends the completion c (the binding fills its CID, SQID and
 	// SQHD) and, when c is a success, the data buffer's content first.
 	Complete(c nvme.Completion) error
 	// Fail completes the command with the status err maps to
 	// (nvme.StatusOf; a *nvme.StatusError's Result goes into DW0).
 	Fail(err error) error
+}
+
+// setData copies p into r's data buffer (Request.DataBuffer).
+func setData(r Request, p []byte) error {
+	b, err := r.DataBuffer(len(p))
+	if err != nil {
+		return err
+	}
+	copy(b, p)
+	return nil
 }
 
 // RegionExporter is the optional capability of a queue over which hosts may

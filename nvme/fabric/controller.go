@@ -514,16 +514,6 @@ func (r *Request) DataBuffer(n int) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// SetData copies p into a data buffer (see DataBuffer).
-func (r *Request) SetData(p []byte) error {
-	b, err := r.DataBuffer(len(p))
-	if err != nil {
-		return err
-	}
-	copy(b, p)
-	return nil
-}
-
 // Fail completes the command with the status err maps to (nvme.StatusOf;
 // a *nvme.StatusError's Result goes into DW0).
 func (r *Request) Fail(err error) error {
