@@ -84,19 +84,22 @@ func (t Turns) Wait(ctx context.Context, s *Slot, mu *sync.Mutex, l Leader) erro
 			err := l.Lead(ctx, s)
 			<-t.token
 			if err != nil {
-				return abandon(s, mu, err)
+				return t.abandon(s, mu, l, err)
 			}
 			<-s.done // sent by whoever finished s
 			return nil
 		case <-ctx.Done():
-			return abandon(s, mu, ctx.Err())
+			return t.abandon(s, mu, l, ctx.Err())
 		}
 	}
 }
 
 // abandon gives up waiting for s; if it finished meanwhile the outcome is
-// taken after all.
-func abandon(s *Slot, mu *sync.Mutex, err error) error {
+// taken after all. Otherwise a goroutine takes the role when it is free and
+// leads until s finishes: a submitter waiting for a free slot reads no
+// completions, so when every slot is held by a command whose waiter gave up
+// nobody would read the completions that free them.
+func (t Turns) abandon(s *Slot, mu *sync.Mutex, l Leader, err error) error {
 	mu.Lock()
 	if s.finished.Load() {
 		mu.Unlock()
@@ -105,5 +108,10 @@ func abandon(s *Slot, mu *sync.Mutex, err error) error {
 	}
 	s.abandoned = true
 	mu.Unlock()
+	go func() {
+		t.Take()
+		defer t.Give()
+		l.Lead(context.Background(), s)
+	}()
 	return err
 }

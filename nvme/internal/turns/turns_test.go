@@ -83,3 +83,29 @@ func TestGivingUp(t *testing.T) {
 		t.Fatalf("finishing an abandoned slot: abandoned %v, %d signals", abandoned, len(s.done))
 	}
 }
+
+// TestAbandonedSlotsAreRead: when every waiter gives up before its
+// completion comes, the completions are still read (a goroutine leads for
+// the abandoned slots), so that the queue can recycle the slots; a
+// submitter waiting for a free slot reads nothing itself.
+func TestAbandonedSlotsAreRead(t *testing.T) {
+	q := &queue{done: make(chan *Slot, 2)}
+	tr := New()
+	a, b := started(q), started(q)
+	for _, s := range []*Slot{a, b} {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := tr.Wait(ctx, s, &q.mu, q); !errors.Is(err, context.Canceled) {
+			t.Fatalf("wait: %v, want canceled", err)
+		}
+	}
+	q.done <- a
+	q.done <- b
+	deadline := time.Now().Add(10 * time.Second)
+	for !a.Finished() || !b.Finished() {
+		if time.Now().After(deadline) {
+			t.Fatalf("abandoned slots finished: %v, %v; nobody read their completions", a.Finished(), b.Finished())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
