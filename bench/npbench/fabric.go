@@ -78,6 +78,14 @@ type FabricConfig struct {
 	// ThroughputRounds: each stream runs this many times per point, the
 	// streams taking turns (alternating order).
 	ThroughputRounds int
+	// Congestion is the TCP congestion control of every connection, ours
+	// and the raw socket's alike ("": the system's). The transport is what
+	// is compared: under BBR, a common system default, every connection is
+	// paced at the bandwidth BBR estimates for it, and on loopback that
+	// estimate settles per connection, holding about half of them (ours and,
+	// less often, the raw socket's) to two thirds of the rate the rest run at
+	// (docs/nprdma.md §10.2).
+	Congestion string
 }
 
 // DefaultFabricConfig returns the sizes for a mode.
@@ -90,7 +98,20 @@ func DefaultFabricConfig(m bench.Mode) FabricConfig {
 		Sizes:            bench.ByMode(m, []int{128 << 10}, []int{4 << 10, 128 << 10}),
 		Run:              bench.ByMode(m, 100*time.Millisecond, 250*time.Millisecond),
 		ThroughputRounds: bench.ByMode(m, 4, 14),
+		Congestion:       "reno", // built into every Linux, allowed to every process
 	}
+}
+
+// congestionName names a congestion control setting in the report.
+func congestionName(cc string) string {
+	if cc == "" {
+		sys, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
+		if err != nil {
+			return "the system's"
+		}
+		return "the system's (" + strings.TrimSpace(string(sys)) + ")"
+	}
+	return cc
 }
 
 // Goals of fabric-ops, as the issue states them.
@@ -160,9 +181,9 @@ func throughputPoint(ctx context.Context, lines []*tputLine, size, qd int, cfg F
 	for i, l := range lines {
 		var err error
 		if l.op == 0 {
-			streams[i], err = nprdmabench.DialRawStream(ctx, size, qd)
+			streams[i], err = nprdmabench.DialRawStream(ctx, size, qd, cfg.Congestion)
 		} else {
-			streams[i], err = nprdmabench.NewOpStream(ctx, tcp.New(), l.op, size, qd, false)
+			streams[i], err = nprdmabench.NewOpStream(ctx, tcp.New(tcp.WithCongestionControl(cfg.Congestion)), l.op, size, qd, false)
 		}
 		if err != nil {
 			return fmt.Errorf("fabric-ops: %s %d bytes QD%d: %w", l.key, size, qd, err)
@@ -256,13 +277,13 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 	for _, v := range vs {
 		var err error
 		if v.op == 0 {
-			v.raw, err = nprdmabench.DialRawRoundTrip(ctx, size)
+			v.raw, err = nprdmabench.DialRawRoundTrip(ctx, size, cfg.Congestion)
 		} else {
 			o := nprdmabench.PairOptions{LocalSize: size, RemoteSize: size, BusyPoll: v.busyPoll, Pin: true}
 			if v.op == nprdma.OpSend {
 				o.RecvSize = size
 			}
-			v.c, err = nprdmabench.NewPair(ctx, tcp.New(), o)
+			v.c, err = nprdmabench.NewPair(ctx, tcp.New(tcp.WithCongestionControl(cfg.Congestion)), o)
 		}
 		if err != nil {
 			return exp, fmt.Errorf("fabric-ops: set up %s: %w", v.key, err)
@@ -344,14 +365,17 @@ func MeasureFabric(ctx context.Context, env *bench.Env, cfg FabricConfig) (*benc
 		"times, the order reversed every other time; a depth's ratio is the median over those turns of the op against the raw "+
 		"stream of the same turn, and the goal is judged at the depth with the lowest. Then the 128 KiB QD1 point once more, "+
 		"the same way, with every thread of the process restricted to one CPU (sched_setaffinity), where the scheduler cannot "+
-		"move the two ends of a connection between vCPUs: reported, not judged.",
-		cfg.Samples, cfg.Rounds, cfg.Run, cfg.ThroughputRounds)
+		"move the two ends of a connection between vCPUs: reported, not judged. Every connection, ours and the raw socket's, "+
+		"uses the TCP congestion control %[5]s: the system's default here may pace each connection at a bandwidth estimate "+
+		"that settles per connection (BBR), which would judge that estimate rather than the transport (docs/nprdma.md §10.2).",
+		cfg.Samples, cfg.Rounds, cfg.Run, cfg.ThroughputRounds, congestionName(cfg.Congestion))
 	exp.AddParam("latency samples per case per round", cfg.Samples)
 	exp.AddParam("latency rounds", cfg.Rounds)
 	exp.AddParam("throughput turn", cfg.Run)
 	exp.AddParam("throughput turns per stream and point", cfg.ThroughputRounds)
 	exp.AddParam("queue depths", fmt.Sprint(cfg.Depths))
 	exp.AddParam("placement", placementParam())
+	exp.AddParam("TCP congestion control", congestionName(cfg.Congestion))
 
 	exp.Add(figure("4 KiB READ p50", readPaired.p50, rawPaired.p50, "µs", "raw TCP round trip p50, taken in turn with the READs").WithGoal(ReadLatencyGoal),
 		figure("4 KiB READ p99", readPaired.p99, rawPaired.p99, "µs", "raw TCP round trip p99, taken in turn with the READs"),

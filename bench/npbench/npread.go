@@ -218,7 +218,7 @@ func openNPProvider(ctx context.Context, name string, prov nprdma.Provider, regi
 		return p, err
 	}
 	if name == "tcp" {
-		if p.raw, err = nprdmabench.DialRawRoundTrip(ctx, pageSize); err != nil {
+		if p.raw, err = nprdmabench.DialRawRoundTrip(ctx, pageSize, ""); err != nil {
 			return p, err
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 	"github.com/nprdma/nprdma/nprdma/loop"
 	"github.com/nprdma/nprdma/nprdma/nprdmatest"
 	"github.com/nprdma/nprdma/nprdma/tcp"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestQuick runs every benchmark function at tiny sizes so they keep
@@ -42,7 +45,7 @@ func TestQuick(t *testing.T) {
 	// Streams kept between runs: every run fills and drains its pipe, so
 	// that the next one starts from an empty pipe and neither hangs nor
 	// fails.
-	raw, err := DialRawStream(ctx, 4096, 4)
+	raw, err := DialRawStream(ctx, 4096, 4, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,16 +99,26 @@ func TestSourcesHoldRealData(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := startRawServer(size, slots)
+	s, err := startRawServer(size, slots, "reno")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.close()
-	c, err := dialRaw(ctx, s)
+	c, err := dialRaw(ctx, s, "reno")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	// The raw socket takes the congestion control fabric-ops gives ours.
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cc string
+	rc.Control(func(fd uintptr) { cc, _ = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION) })
+	if cc = strings.TrimRight(cc, "\x00"); cc != "reno" {
+		t.Fatalf("raw socket's congestion control %q, want reno", cc)
+	}
 	var req [8]byte
 	binary.LittleEndian.PutUint64(req[:], size)
 	var got [][]byte

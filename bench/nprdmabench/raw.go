@@ -2,6 +2,7 @@ package nprdmabench
 
 import (
 	"github.com/nprdma/nprdma/bench"
+	"github.com/nprdma/nprdma/nprdma/tcp"
 
 	"context"
 	"encoding/binary"
@@ -23,8 +24,9 @@ type rawServer struct {
 	done chan struct{}
 }
 
-func startRawServer(maxSize, slots int) (*rawServer, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func startRawServer(maxSize, slots int, congestion string) (*rawServer, error) {
+	lc := net.ListenConfig{Control: tcp.CongestionControl(congestion)}
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
@@ -80,8 +82,8 @@ func (s *rawServer) close() {
 	<-s.done
 }
 
-func dialRaw(ctx context.Context, s *rawServer) (*net.TCPConn, error) {
-	var d net.Dialer
+func dialRaw(ctx context.Context, s *rawServer, congestion string) (*net.TCPConn, error) {
+	d := net.Dialer{Control: tcp.CongestionControl(congestion)}
 	c, err := d.DialContext(ctx, "tcp", s.ln.Addr().String())
 	if err != nil {
 		return nil, err
@@ -102,13 +104,14 @@ type RawRoundTrip struct {
 }
 
 // DialRawRoundTrip starts a raw server for size-byte responses and connects
-// to it.
-func DialRawRoundTrip(ctx context.Context, size int) (*RawRoundTrip, error) {
-	s, err := startRawServer(size, 1)
+// to it, both sockets with the TCP congestion control congestion ("": the
+// system's).
+func DialRawRoundTrip(ctx context.Context, size int, congestion string) (*RawRoundTrip, error) {
+	s, err := startRawServer(size, 1, congestion)
 	if err != nil {
 		return nil, err
 	}
-	c, err := dialRaw(ctx, s)
+	c, err := dialRaw(ctx, s, congestion)
 	if err != nil {
 		s.close()
 		return nil, err
@@ -139,7 +142,7 @@ func (r *RawRoundTrip) Close() {
 // RawTCPRoundTrip measures a request/response of size bytes (an 8-byte
 // request, a size-byte response, as a READ) over a plain loopback TCP socket.
 func RawTCPRoundTrip(ctx context.Context, size, samples int) (LatencyResult, error) {
-	r, err := DialRawRoundTrip(ctx, size)
+	r, err := DialRawRoundTrip(ctx, size, "")
 	if err != nil {
 		return LatencyResult{}, err
 	}
@@ -165,7 +168,7 @@ func RawTCPRoundTrip(ctx context.Context, size, samples int) (LatencyResult, err
 // depth qd) for dur. Responses land in qd buffers in turn, the memory a
 // READ at that depth touches.
 func RawTCPStream(ctx context.Context, size, qd int, dur time.Duration) (ThroughputResult, error) {
-	r, err := DialRawStream(ctx, size, qd)
+	r, err := DialRawStream(ctx, size, qd, "")
 	if err != nil {
 		return ThroughputResult{}, err
 	}
@@ -185,13 +188,14 @@ type RawStream struct {
 }
 
 // DialRawStream starts a raw server answering size bytes from qd slots and
-// connects to it.
-func DialRawStream(ctx context.Context, size, qd int) (*RawStream, error) {
-	s, err := startRawServer(size, qd)
+// connects to it, both sockets with the TCP congestion control congestion
+// ("": the system's).
+func DialRawStream(ctx context.Context, size, qd int, congestion string) (*RawStream, error) {
+	s, err := startRawServer(size, qd, congestion)
 	if err != nil {
 		return nil, err
 	}
-	c, err := dialRaw(ctx, s)
+	c, err := dialRaw(ctx, s, congestion)
 	if err != nil {
 		s.close()
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -31,11 +32,10 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "hostid-file", Usage: "file holding this host's ID, created on first use (default: $NPRDMA_STATE_DIR/hostid or ~/.config/nprdma/hostid)"},
 			&cli.StringFlag{Name: "transport", Value: "nprdma", Usage: "NVMe-oF transport: nprdma (the nprdma fabric, one-sided reads; an nprdma-target; its provider is --provider) or tcp (NVMe/TCP to any NVMe/TCP target, two-sided; a --target without a port means 4420, or 8009 for discover)"},
 			providerFlag(),
-			providers.RDMADeviceFlag(),
 			&cli.BoolFlag{Name: "hdr-digest", Usage: "with --transport tcp: ask the target for header digests (CRC32C of every PDU header)"},
 			&cli.BoolFlag{Name: "data-digest", Usage: "with --transport tcp: ask the target for data digests (CRC32C of every PDU's data)"},
 			command.LogLevelFlag("warn"),
-		}, secretFlags()...),
+		}, slices.Concat(providers.Flags(), secretFlags())...),
 		Commands:        []*cli.Command{discoverCommand(), attachCommand(), listCommand(), detachCommand(), hostnqnCommand()},
 		HideHelpCommand: true,
 		CommandNotFound: command.UnknownCommand,

@@ -36,7 +36,7 @@ func providerFlag() cli.Flag {
 // with --provider verbs, else a software NIC on the provider --provider
 // names for addr.
 func newDevice(cc *cli.Context, addr string) (*nprdma.Device, error) {
-	f, err := providerNames.Open(providers.For(cc.String("provider"), addr), cc.String("rdma-device"), nprdma.WithName("initiator"))
+	f, err := providerNames.Open(providers.For(cc.String("provider"), addr), providers.SettingsFrom(cc), nprdma.WithName("initiator"))
 	if err != nil {
 		return nil, err
 	}

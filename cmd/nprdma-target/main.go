@@ -8,6 +8,7 @@ package main
 
 import (
 	"os"
+	"slices"
 
 	"github.com/urfave/cli/v2"
 
@@ -57,7 +58,6 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9420; empty: off)"},
 			command.LogLevelFlag("info"),
 			&cli.StringFlag{Name: "provider", Value: "tcp", Usage: "nprdma provider: tcp (software RDMA over TCP), verbs (an RDMA NIC through rdma-core: ConnectX, Soft-RoCE; NVMe/RDMA hosts such as Linux's nvme-rdma connect to it) or loop (in-process; for tests only)"},
-			providers.RDMADeviceFlag(),
 			&cli.StringFlag{Name: "frames", Value: "auto", Usage: "how hosts read namespaces one-sided: auto (through frames on an RDMA NIC, which cannot read the unpinned region; the region itself on the software providers), always (frames on any provider, to compare) or never (two-sided only on an RDMA NIC); docs/np-rdma.md §11"},
 			&cli.Float64Flag{Name: "frame-share", Value: target.DefaultFrameShare, Usage: "where frames are used: the share of each namespace's DRAM budget held as frames (registered pinned at start), the rest staying the budget of its region"},
 			&cli.BoolFlag{Name: "pin", Usage: "baseline for benchmarks only, a conventional RDMA target: at start, allocate the whole --memory and register it PINNED (mlock; seconds per GiB) before serving; a namespace that fits in it is held there wholly and read one-sided, a larger one is served two-sided only from its backing device (no region descriptor); exists for comparison, not for use"},
@@ -69,7 +69,7 @@ func newApp() *cli.App {
 			&cli.DurationFlag{Name: "fence-timeout", Value: target.DefaultFenceTimeout, Usage: "after a host's connection is lost, how long its new writes wait for an old write of the lost queue still changing the same blocks before failing with Namespace Not Ready (a status hosts retry)"},
 			&cli.DurationFlag{Name: "shutdown-timeout", Value: 0, Usage: "bound on the whole stop after SIGTERM: commands in flight are waited for at most half of it, the rest is for flushing the namespaces and closing the metadata store; whatever has not finished by then is reported and the exit status is 1 (0: 30s)"},
 			&cli.DurationFlag{Name: "metadata-probe-interval", Value: target.DefaultMetadataProbeInterval, Usage: "how often the metadata store's directory under --data-dir is probed (a small file rewritten and synced) while nothing is written to it, so that a directory removed, read-only or failing shows on /healthz and in nprdma_target_metadata_healthy (0: only before each metadata write)"},
-		}, append(limitCLIFlags(), manageCLIFlags()...)...),
+		}, slices.Concat(providers.Flags(), limitCLIFlags(), manageCLIFlags())...),
 		HideHelpCommand: true,
 		Action:          serve,
 		Commands:        []*cli.Command{ctlCommand(), genDHCHAPKeyCommand()},

@@ -59,7 +59,7 @@ func serve(cc *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	fabric, err := providers.Names{providers.TCP, providers.Verbs, providers.Loop}.Open(cc.String("provider"), cc.String("rdma-device"))
+	fabric, err := providers.Names{providers.TCP, providers.Verbs, providers.Loop}.Open(cc.String("provider"), providers.SettingsFrom(cc))
 	if err != nil {
 		return err
 	}

@@ -25,9 +25,25 @@ const (
 	Loop  = "loop"  // in-process, for tests (nprdma/loop)
 )
 
-// RDMADeviceFlag is --rdma-device: which RDMA NIC --provider verbs opens.
-func RDMADeviceFlag() cli.Flag {
-	return &cli.StringFlag{Name: "rdma-device", Usage: "with --provider verbs: the RDMA device to use (ibv_devices lists them; default: the first)"}
+// Settings are what the commands' flags say of the providers besides the
+// name (Flags, SettingsFrom).
+type Settings struct {
+	RDMADevice    string // --rdma-device: the RDMA NIC of verbs ("": the first)
+	TCPCongestion string // --tcp-congestion: tcp's congestion control ("": the system's)
+}
+
+// Flags are --rdma-device and --tcp-congestion.
+func Flags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "rdma-device", Usage: "with --provider verbs: the RDMA device to use (ibv_devices lists them; default: the first)"},
+		&cli.StringFlag{Name: "tcp-congestion", Usage: "with --provider tcp: the TCP congestion control of the fabric's connections, e.g. cubic or reno " +
+			"(default: the system's, net.ipv4.tcp_congestion_control); where that is bbr, its pacing can hold a connection's large transfers to two thirds of what reno moves (docs/nprdma.md §10.2)"},
+	}
+}
+
+// SettingsFrom reads the Settings from a command's Flags.
+func SettingsFrom(c *cli.Context) Settings {
+	return Settings{RDMADevice: c.String("rdma-device"), TCPCongestion: c.String("tcp-congestion")}
 }
 
 // Names are the --provider names a command takes, in the order its errors
@@ -42,22 +58,21 @@ type Fabric struct {
 }
 
 // Open opens the provider called name, which must be one of ns: for verbs
-// the RDMA NIC rdmaDevice names ("": the first) as a device with opts, for
-// the others a new software provider (opts are for the device the command
-// makes on it).
-func (ns Names) Open(name, rdmaDevice string, opts ...nprdma.DeviceOption) (Fabric, error) {
+// the RDMA NIC s.RDMADevice names as a device with opts, for the others a
+// new software provider (opts are for the device the command makes on it).
+func (ns Names) Open(name string, s Settings, opts ...nprdma.DeviceOption) (Fabric, error) {
 	if !slices.Contains(ns, name) {
 		return Fabric{}, fmt.Errorf("--provider %q: want %s", name, ns)
 	}
 	switch name {
 	case TCP:
-		return Fabric{Provider: tcp.New()}, nil
+		return Fabric{Provider: tcp.New(tcp.WithCongestionControl(s.TCPCongestion))}, nil
 	case SHM:
 		return Fabric{Provider: shm.New()}, nil
 	case Loop:
 		return Fabric{Provider: loop.New()}, nil
 	case Verbs:
-		dev, err := verbs.OpenDevice(rdmaDevice, opts...)
+		dev, err := verbs.OpenDevice(s.RDMADevice, opts...)
 		if err != nil {
 			return Fabric{}, fmt.Errorf("--provider verbs: %w", err)
 		}

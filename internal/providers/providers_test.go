@@ -12,7 +12,7 @@ import (
 func TestOpen(t *testing.T) {
 	ns := providers.Names{providers.Auto, providers.TCP, providers.SHM, providers.Verbs, providers.Loop}
 	for _, name := range []string{"tcp", "shm", "loop"} {
-		f, err := ns.Open(name, "")
+		f, err := ns.Open(name, providers.Settings{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -31,7 +31,7 @@ func TestOpen(t *testing.T) {
 		// auto is resolved by the command first, never a provider itself
 		{ns, "auto", `--provider "auto": resolve it first (For)`},
 	} {
-		if _, err := c.ns.Open(c.name, ""); err == nil || err.Error() != c.want {
+		if _, err := c.ns.Open(c.name, providers.Settings{}); err == nil || err.Error() != c.want {
 			t.Errorf("Open(%q) of %v: %v, want %q", c.name, c.ns, err, c.want)
 		}
 	}
@@ -41,7 +41,7 @@ func TestOpen(t *testing.T) {
 // NIC (or a binary without verbs) fails, naming the flag and what is
 // missing.
 func TestOpenVerbsWithoutANIC(t *testing.T) {
-	f, err := providers.Names{providers.Verbs}.Open(providers.Verbs, "nprdma-no-such-device")
+	f, err := providers.Names{providers.Verbs}.Open(providers.Verbs, providers.Settings{RDMADevice: "nprdma-no-such-device"})
 	if err == nil {
 		f.Device.Close()
 		t.Skip("this machine has an RDMA device of that name")
@@ -63,5 +63,20 @@ func TestFor(t *testing.T) {
 		if got := providers.For(c.name, c.addr); got != c.want {
 			t.Errorf("For(%q, %q) = %q, want %q", c.name, c.addr, got, c.want)
 		}
+	}
+}
+
+// TestOpenTCPCongestion: --tcp-congestion reaches the tcp provider (a name
+// the host lacks fails its Listen, naming it).
+func TestOpenTCPCongestion(t *testing.T) {
+	f, err := providers.Names{providers.TCP}.Open(providers.TCP, providers.Settings{TCPCongestion: "nprdma-no-such-cc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ln, err := f.Provider.Listen("127.0.0.1:0"); err == nil {
+		ln.Close()
+		t.Fatal("the provider listened with a congestion control that does not exist")
+	} else if !strings.Contains(err.Error(), "nprdma-no-such-cc") {
+		t.Fatalf("listen: %v, want an error naming the congestion control", err)
 	}
 }
