@@ -58,11 +58,12 @@ func WithHandshakeTimeout(d time.Duration) Option {
 
 // DefaultSocketReceiveBuffer is each connection's SO_RCVBUF unless
 // WithSocketReceiveBuffer says otherwise. Fixed rather than left to the
-// kernel's autotuning because 128 KiB READs, WRITEs and SENDs streamed
-// closer to a raw (autotuned) socket with it: in three alternating runs
-// each, the worst of the three at its worst depth was 0.48–0.81× the raw
-// stream autotuned and 0.79–0.87× fixed (docs/nprdma.md §10.3). The kernel
-// caps it at net.core.rmem_max and charges only what is queued.
+// kernel's autotuning because under BBR 128 KiB READs, WRITEs and SENDs
+// streamed closer to a raw (autotuned) socket with it: in three
+// alternating runs each, the worst of the three at its worst depth was
+// 0.48–0.81× the raw stream autotuned and 0.79–0.87× fixed; under reno the
+// two are alike (docs/nprdma.md §10.2). The kernel caps it at
+// net.core.rmem_max and charges only what is queued.
 const DefaultSocketReceiveBuffer = 4 << 20
 
 // WithSocketReceiveBuffer sets each connection's socket receive buffer
