@@ -128,6 +128,80 @@ cp /dev/shm/*.key "$LAB_OUT/"
 	}
 }
 
+// TestGuestAuthenticationOverRDMA: over an RDMA NIC (Soft-RoCE), the
+// kernel's NVMe/RDMA host and nprdma-initiator on the nprdma fabric both
+// authenticate to nprdma-target --provider verbs with the host and
+// controller secrets and do verified I/O; a wrong host secret is refused on
+// each.
+func TestGuestAuthenticationOverRDMA(t *testing.T) {
+	lab.Require(t)
+	bin := buildTools(t)
+	res := lab.RunT(t, lab.Spec{
+		Modules: []string{"rdma_rxe", "rdma_ucm", "nvme-rdma"},
+		Env:     map[string]string{"BIN": bin, "HOSTNQN": hostNQN, "NQN": subNQN, "AUTHCONFIG": "CONFIG_NVME_HOST_AUTH"},
+		Timeout: 10 * time.Minute,
+		Script: secrets + `
+step "rxe"
+rxe_up
+step "target"
+/dev/shm/nprdma-target --provider verbs --listen 10.0.2.15:4420 --backing /dev/shm/disk.img --memory 32MiB \
+	--nqn "$NQN" --allow-host "$HOSTNQN" \
+	--dhchap-secret-file "$HOSTNQN=/dev/shm/host.key" --dhchap-ctrl-secret-file "$HOSTNQN=/dev/shm/ctrl.key" \
+	--data-dir /dev/shm/data --log-level info 2>"$LAB_OUT/target.log" &
+for i in $(seq 100); do grep -q 'connect with' "$LAB_OUT/target.log" && break; sleep 0.1; done
+
+step "kernel host bidirectional"
+nvme connect -t rdma -a 10.0.2.15 -s 4420 -n "$NQN" --hostnqn "$HOSTNQN" --dhchap-secret "$HOST" --dhchap-ctrl-secret "$CTRL"
+dev=$(nvme_ns_dev "$NQN")
+fio --name=v --filename="$dev" --rw=randwrite --bs=4k --size=8M --ioengine=libaio --iodepth=8 --direct=1 \
+	--verify=crc32c --do_verify=1 --output-format=json --output="$LAB_OUT/fio-kernel.json"
+nvme disconnect -n "$NQN"
+step "kernel host wrong secret"
+if nvme connect -t rdma -a 10.0.2.15 -s 4420 -n "$NQN" --hostnqn "$HOSTNQN" --dhchap-secret "$WRONG" 2>"$LAB_OUT/wrong-kernel.err"; then
+	echo "the kernel host connected with a wrong secret"; exit 1
+fi
+
+step "our initiator bidirectional"
+/dev/shm/nprdma-initiator --provider verbs --hostnqn "$HOSTNQN" --dhchap-secret-file /dev/shm/host.key \
+	--dhchap-ctrl-secret-file /dev/shm/ctrl.key attach --target 10.0.2.15:4420 --nqn "$NQN" \
+	--mode nbd --socket /dev/shm/ns.sock --name auth --run-dir /dev/shm/run --daemon
+fio --name=v --ioengine=nbd --uri='nbd+unix:///?socket=/dev/shm/ns.sock' --rw=randwrite --bs=4k --size=8M \
+	--offset=16M --iodepth=8 --verify=crc32c --do_verify=1 --output-format=json --output="$LAB_OUT/fio-ours.json"
+/dev/shm/nprdma-initiator detach --run-dir /dev/shm/run --all
+step "our initiator wrong secret"
+chmod 600 /dev/shm/wrong.key
+if /dev/shm/nprdma-initiator --provider verbs --hostnqn "$HOSTNQN" --dhchap-secret-file /dev/shm/wrong.key \
+	attach --target 10.0.2.15:4420 --nqn "$NQN" --mode nbd --socket /dev/shm/wrong.sock --name wrong \
+	--run-dir /dev/shm/run --daemon >"$LAB_OUT/wrong-ours.out" 2>&1; then
+	echo "our initiator attached with a wrong secret"; exit 1
+fi
+`,
+	})
+	for _, f := range []string{"fio-kernel.json", "fio-ours.json"} {
+		if fio := readOut(t, res.Dir, f); !strings.Contains(fio, `"jobs"`) || strings.Contains(fio, "verify failed") {
+			t.Errorf("%s: no clean fio report:\n%s", f, fio)
+		}
+	}
+	if b := readOut(t, res.Dir, "wrong-kernel.err"); !strings.Contains(b, "Key was rejected by service") {
+		t.Errorf("the kernel's NVMe/RDMA host with a wrong secret did not fail with EKEYREJECTED:\n%s", b)
+	}
+	if b := readOut(t, res.Dir, "wrong-ours.out"); !strings.Contains(b, "refused host "+hostNQN+"'s DH-HMAC-CHAP secret") {
+		t.Errorf("our initiator with a wrong secret: the refusal does not say so:\n%s", b)
+	}
+	target := readOut(t, res.Dir, "target.log")
+	// Two controllers, the kernel host's and ours, each authenticated both
+	// ways on its admin queue.
+	admins := 0
+	for _, l := range strings.Split(target, "\n") {
+		if strings.Contains(l, "host authenticated") && strings.Contains(l, " qid=0 ") && strings.Contains(l, "bidirectional=true") {
+			admins++
+		}
+	}
+	if admins != 2 {
+		t.Errorf("the target logged %d bidirectional authentications of an admin queue, want 2 (the kernel host's, ours):\n%s", admins, target)
+	}
+}
+
 // TestGuestOurInitiatorAuthenticatesToNvmet: nprdma-initiator over
 // NVMe/TCP, with the host and controller secrets, reads and writes through
 // the kernel's nvmet configured with the same dhchap keys (SHA-512,
