@@ -3,6 +3,7 @@ package target_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"os"
@@ -477,13 +478,9 @@ func TestAuthenticationOverNVMeTCP(t *testing.T) {
 func TestAddHostWithKeyFile(t *testing.T) {
 	const keyed = "nqn.2026-11.io.nprdma:keyed"
 	r := newManageRig(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	s := secret(t)
 	path := filepath.Join(t.TempDir(), "keyed.key")
-	if err := os.WriteFile(path, []byte(s.Encode()+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeKey(t, path, s, 0o644)
 	for _, c := range []struct{ path, says string }{{path, "open to group or others"}, {"keyed.key", "absolute"}} {
 		err := r.tg.AddHost(subNQN, target.HostConfig{NQN: keyed, DHCHAPKeyFile: c.path})
 		if !errors.Is(err, target.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
@@ -500,32 +497,9 @@ func TestAddHostWithKeyFile(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// connect connects keyed's admin queue and says whether Connect asked it
-	// to authenticate, and whether authenticating with secret (nil: none)
-	// then let it read a property.
-	connect := func(secret *dhchap.Secret) (atr, works bool) {
-		t.Helper()
-		q := r.dial(t, 0, 0)
-		cqe, err := connectWith(t, q, nvme.ConnectData{CNTLID: nvme.DynamicControllerID, SubNQN: subNQN, HostNQN: keyed})
-		if err != nil {
-			t.Fatal(err)
-		}
-		atr = nvme.DecodeConnectResponse(cqe.DW0).AuthRequired
-		if secret != nil {
-			h, err := dhchap.NewHost(keyed, subNQN, secret, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := h.Authenticate(ctx, queueExchanger{q}, 1); err != nil {
-				return atr, false
-			}
-		}
-		_, err = q.Submit(ctx, mc(t)(nvme.PropertyGetCommand(nvme.PropCAP, 8)), nil)
-		return atr, err == nil
-	}
 	check := func(when string, secret *dhchap.Secret, wantATR, wantWorks bool) {
 		t.Helper()
-		if atr, works := connect(secret); atr != wantATR || works != wantWorks {
+		if atr, works, _ := keyedAdmin(t, r.adminRig, keyed, secret, nil); atr != wantATR || works != wantWorks {
 			t.Fatalf("%s: ATR %v, property get works %v; want %v, %v", when, atr, works, wantATR, wantWorks)
 		}
 	}
@@ -533,14 +507,7 @@ func TestAddHostWithKeyFile(t *testing.T) {
 	check("with the key file's secret", s, true, true)
 	check("with another secret", secret(t), true, false)
 
-	restart := func() {
-		t.Helper()
-		if err := r.tg.Shutdown(ctx); err != nil {
-			t.Fatal(err)
-		}
-		r.adminRig = r.start(t, nil)
-	}
-	restart()
+	r.restart(t)
 	check("after a restart, without a secret", nil, true, false)
 	check("after a restart, with the secret", s, true, true)
 
@@ -549,7 +516,7 @@ func TestAddHostWithKeyFile(t *testing.T) {
 	if err := os.Chmod(path, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	restart()
+	r.restart(t)
 	check("with its key file unreadable", s, true, false)
 	if _, err := r.tg.ReloadHostKeys(); err == nil {
 		t.Fatal("ReloadHostKeys read a key file open to others")
@@ -570,6 +537,187 @@ func TestAddHostWithKeyFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("allowed again without a key file", nil, false, true)
-	restart()
+	r.restart(t)
 	check("after a restart, without a key file", nil, false, true)
+}
+
+// writeKey writes s to path as a key file of the given mode.
+func writeKey(t *testing.T, path string, s *dhchap.Secret, mode os.FileMode) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(s.Encode()+"\n"), mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// keyedAdmin connects host's admin queue on r and authenticates it with
+// secret (nil: not at all) and ctrl (nil: unidirectionally): whether
+// Connect asked it to authenticate, whether a property get then works,
+// and what authenticating returned.
+func keyedAdmin(t *testing.T, r *adminRig, host string, secret, ctrl *dhchap.Secret) (atr, works bool, authErr error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	q := r.dial(t, 0, 0)
+	cqe, err := connectWith(t, q, nvme.ConnectData{CNTLID: nvme.DynamicControllerID, SubNQN: subNQN, HostNQN: host})
+	if err != nil {
+		t.Fatal(err)
+	}
+	atr = nvme.DecodeConnectResponse(cqe.DW0).AuthRequired
+	if secret != nil {
+		h, err := dhchap.NewHost(host, subNQN, secret, ctrl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.Authenticate(ctx, queueExchanger{q}, 1); err != nil {
+			return atr, false, err
+		}
+	}
+	_, err = q.Submit(ctx, mc(t)(nvme.PropertyGetCommand(nvme.PropCAP, 8)), nil)
+	return atr, err == nil, nil
+}
+
+// TestAddHostWithCtrlKeyFile: a host added through the management API with
+// a key file and a controller key file authenticates bidirectionally: the
+// target proves itself with the controller's secret, so a host holding
+// another controller secret finds that it did not, and a host that does
+// not ask still authenticates. The controller key file needs the host's
+// and follows its rules; its path is recorded apart from the host's (no
+// secret in the record) and survives a restart; ReloadHostKeys reads a
+// replaced file; one that cannot be read leaves the host unable to
+// authenticate at all. Allowing the host again with other files replaces
+// them (the same files are read again); removing it drops both.
+func TestAddHostWithCtrlKeyFile(t *testing.T) {
+	const keyed = "nqn.2026-11.io.nprdma:keyed"
+	r := newManageRig(t)
+	dir := t.TempDir()
+	hostPath, ctrlPath := filepath.Join(dir, "host.key"), filepath.Join(dir, "ctrl.key")
+	host, ctrl := secret(t), secret(t)
+	writeKey(t, hostPath, host, 0o600)
+	writeKey(t, ctrlPath, ctrl, 0o644)
+	for _, c := range []struct {
+		h    target.HostConfig
+		says string
+	}{
+		{target.HostConfig{NQN: keyed, DHCHAPCtrlKeyFile: ctrlPath}, "needs the host's key file"},
+		{target.HostConfig{NQN: keyed, DHCHAPKeyFile: hostPath, DHCHAPCtrlKeyFile: ctrlPath}, "controller secret: key file " + ctrlPath + " is open to group or others"},
+		{target.HostConfig{NQN: keyed, DHCHAPKeyFile: hostPath, DHCHAPCtrlKeyFile: "ctrl.key"}, "absolute"},
+	} {
+		if err := r.tg.AddHost(subNQN, c.h); !errors.Is(err, target.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
+			t.Fatalf("%+v: %v, want ErrInvalid saying %q", c.h, err, c.says)
+		}
+	}
+	if r.tg.Subsystem(subNQN).Allows(keyed) {
+		t.Fatal("a refused add-host allowed the host")
+	}
+	if err := os.Chmod(ctrlPath, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	both := target.HostConfig{NQN: keyed, DHCHAPKeyFile: hostPath, DHCHAPCtrlKeyFile: ctrlPath}
+	if err := r.tg.AddHost(subNQN, both); err != nil {
+		t.Fatal(err)
+	}
+
+	// check authenticates keyed with its host secret and ctrl (nil:
+	// unidirectionally), wanting the error want.
+	check := func(when string, ctrl *dhchap.Secret, want error) {
+		t.Helper()
+		atr, works, err := keyedAdmin(t, r.adminRig, keyed, host, ctrl)
+		if !atr || !errors.Is(err, want) || works != (want == nil) {
+			t.Fatalf("%s: ATR %v, authentication %v, property get works %v; want ATR, %v", when, atr, err, works, want)
+		}
+	}
+	// recorded checks the key files the subsystem's record names for keyed
+	// ("": none), and that it holds no secret.
+	recorded := func(when, wantHost, wantCtrl string, secrets ...*dhchap.Secret) {
+		t.Helper()
+		raw, err := target.SubsystemRecord(r.tg.Subsystem(subNQN))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec struct {
+			HostKeys     map[string]string `json:"host_keys"`
+			HostCtrlKeys map[string]string `json:"host_ctrl_keys"`
+		}
+		if err := json.Unmarshal(raw, &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.HostKeys[keyed] != wantHost || rec.HostCtrlKeys[keyed] != wantCtrl {
+			t.Fatalf("%s: the record names %q and %q, want %q and %q: %s", when, rec.HostKeys[keyed], rec.HostCtrlKeys[keyed], wantHost, wantCtrl, raw)
+		}
+		for _, s := range secrets {
+			if bytes.Contains(raw, []byte(s.Encode()[10:30])) {
+				t.Fatalf("%s: a secret is in the record: %s", when, raw)
+			}
+		}
+	}
+	check("bidirectionally", ctrl, nil)
+	check("unidirectionally", nil, nil)
+	check("with another controller secret", secret(t), dhchap.ErrControllerNotAuthenticated)
+	recorded("added", hostPath, ctrlPath, host, ctrl)
+
+	r.restart(t)
+	check("after a restart, bidirectionally", ctrl, nil)
+	check("after a restart, with another controller secret", secret(t), dhchap.ErrControllerNotAuthenticated)
+
+	// A replaced controller key file is read by ReloadHostKeys, not before.
+	replaced := secret(t)
+	writeKey(t, ctrlPath, replaced, 0o600)
+	check("with the replaced controller secret before the reload", replaced, dhchap.ErrControllerNotAuthenticated)
+	if n, err := r.tg.ReloadHostKeys(); err != nil || n != 1 {
+		t.Fatalf("ReloadHostKeys: %d, %v", n, err)
+	}
+	check("with the replaced controller secret", replaced, nil)
+	check("with the controller secret before the reload", ctrl, dhchap.ErrControllerNotAuthenticated)
+
+	// A controller key file that cannot be read at start: the host cannot
+	// authenticate, either way, until it is fixed and read again.
+	if err := os.Chmod(ctrlPath, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.restart(t)
+	check("with its controller key file unreadable, bidirectionally", replaced, dhchap.ErrRejected)
+	check("with its controller key file unreadable, unidirectionally", nil, dhchap.ErrRejected)
+	if _, err := r.tg.ReloadHostKeys(); err == nil || !strings.Contains(err.Error(), "controller secret") {
+		t.Fatalf("ReloadHostKeys with a controller key file open to others: %v", err)
+	}
+	if err := os.Chmod(ctrlPath, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.tg.ReloadHostKeys(); err != nil || n != 1 {
+		t.Fatalf("ReloadHostKeys: %d, %v", n, err)
+	}
+	check("with its controller key file fixed and reloaded", replaced, nil)
+
+	// Allowed again with its key file alone: the controller's goes, and a
+	// host that asks the controller to prove itself is refused.
+	if err := r.tg.AddHost(subNQN, target.HostConfig{NQN: keyed, DHCHAPKeyFile: hostPath}); err != nil {
+		t.Fatal(err)
+	}
+	check("without a controller key file, bidirectionally", replaced, dhchap.ErrRejected)
+	check("without a controller key file, unidirectionally", nil, nil)
+	recorded("without a controller key file", hostPath, "")
+	r.restart(t)
+	check("after a restart without a controller key file, bidirectionally", replaced, dhchap.ErrRejected)
+
+	// Allowed again with both: the controller's is back; allowed again with
+	// the same files, they are read again.
+	if err := r.tg.AddHost(subNQN, both); err != nil {
+		t.Fatal(err)
+	}
+	check("with both key files again", replaced, nil)
+	again := secret(t)
+	writeKey(t, ctrlPath, again, 0o600)
+	if err := r.tg.AddHost(subNQN, both); err != nil {
+		t.Fatal(err)
+	}
+	check("allowed again with the same files", again, nil)
+	recorded("allowed again", hostPath, ctrlPath, host, ctrl, replaced, again)
+
+	if err := r.tg.RemoveHost(subNQN, keyed); err != nil {
+		t.Fatal(err)
+	}
+	recorded("removed", "", "")
 }

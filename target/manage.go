@@ -236,10 +236,17 @@ type HostConfig struct {
 	// never recorded. A host the configuration gives a secret is refused
 	// one here (ErrConfigured).
 	DHCHAPKeyFile string
+	// DHCHAPCtrlKeyFile names a file holding the controller's secret for
+	// the host (default "": none), with which the target proves itself
+	// when the host asks (bidirectional authentication); without it a host
+	// that asks fails to authenticate. It needs DHCHAPKeyFile (ErrInvalid
+	// without), and follows the same rules.
+	DHCHAPCtrlKeyFile string
 }
 
 // AddHost allows a host on a subsystem, recorded before it takes effect.
-// Allowing a host allowed already succeeds and changes nothing.
+// Allowing a host allowed already succeeds and changes nothing, unless it
+// names other key files, which replace the host's.
 func (t *Target) AddHost(nqn string, h HostConfig) error {
 	t.manageMu.Lock()
 	defer t.manageMu.Unlock()
@@ -253,6 +260,10 @@ func (t *Target) AddHost(nqn string, h HostConfig) error {
 	if err := nvme.ValidateNQN(h.NQN); err != nil {
 		return fmt.Errorf("target: subsystem %s: host %q: %w: %v", nqn, h.NQN, ErrInvalid, err)
 	}
+	if h.DHCHAPCtrlKeyFile != "" && h.DHCHAPKeyFile == "" {
+		return fmt.Errorf("target: subsystem %s: host %s: %w: a DH-HMAC-CHAP controller key file needs the host's key file too (the host authenticates first)",
+			nqn, h.NQN, ErrInvalid)
+	}
 	var key *hostKey
 	if h.DHCHAPKeyFile != "" {
 		if t.cfg.keyring != nil {
@@ -260,7 +271,7 @@ func (t *Target) AddHost(nqn string, h HostConfig) error {
 				return fmt.Errorf("target: subsystem %s: host %s has a DH-HMAC-CHAP secret in the target's configuration (%w): change it there", nqn, h.NQN, ErrConfigured)
 			}
 		}
-		k, err := readHostKey(h.DHCHAPKeyFile)
+		k, err := readHostKey(keyFiles{host: h.DHCHAPKeyFile, ctrl: h.DHCHAPCtrlKeyFile})
 		if err != nil {
 			return fmt.Errorf("target: subsystem %s: host %s: %w: DH-HMAC-CHAP %v", nqn, h.NQN, ErrInvalid, err)
 		}
@@ -269,7 +280,7 @@ func (t *Target) AddHost(nqn string, h HostConfig) error {
 	if err := s.allowHost(h.NQN, key); err != nil {
 		return err
 	}
-	t.log.Info("target: host allowed", "subsystem", nqn, "host", h.NQN, "dhchap", key != nil)
+	t.log.Info("target: host allowed", "subsystem", nqn, "host", h.NQN, "dhchap", key != nil, "dhchap_ctrl", key != nil && key.ctrl != nil)
 	return nil
 }
 
@@ -293,7 +304,7 @@ func (t *Target) RemoveHost(nqn, host string) error {
 	}
 	s.recordMu.Lock()
 	s.mu.Lock()
-	listed, keys := s.hosts[host], s.keyPathsLocked()
+	listed, keys := s.hosts[host], s.keyFilesLocked()
 	s.mu.Unlock()
 	if !listed {
 		s.recordMu.Unlock()

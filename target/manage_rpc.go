@@ -121,14 +121,14 @@ func (t *Target) manageCall(req manage.Request) (any, error) {
 		if err := decode(&p); err != nil {
 			return nil, err
 		}
-		return true, t.AddHost(p.NQN, HostConfig{NQN: p.Host, DHCHAPKeyFile: p.DHCHAPKeyFile})
+		return true, t.AddHost(p.NQN, HostConfig{NQN: p.Host, DHCHAPKeyFile: p.DHCHAPKeyFile, DHCHAPCtrlKeyFile: p.DHCHAPCtrlKeyFile})
 	case manage.MethodRemoveHost:
 		var p manage.HostParams
 		if err := decode(&p); err != nil {
 			return nil, err
 		}
-		if p.DHCHAPKeyFile != "" {
-			return nil, manage.Errorf(manage.CodeInvalidParams, "invalid params: dhchap_key_file is for %s only", manage.MethodAddHost)
+		if p.DHCHAPKeyFile != "" || p.DHCHAPCtrlKeyFile != "" {
+			return nil, manage.Errorf(manage.CodeInvalidParams, "invalid params: dhchap_key_file and dhchap_ctrl_key_file are for %s only", manage.MethodAddHost)
 		}
 		return true, t.RemoveHost(p.NQN, p.Host)
 	case manage.MethodAddNamespace:

@@ -111,6 +111,9 @@ func TestManageAPIBadRequests(t *testing.T) {
 		{`{"jsonrpc":"2.0","id":1,"method":"nvmf_subsystem_add_ns","params":{"nqn":"` + subNQN + `","name":"x","size_bytes":"1GiB"}}`, manage.CodeInvalidParams, "size_bytes"},
 		{`{"jsonrpc":"2.0","id":1,"method":"nvmf_subsystem_add_ns","params":{"nqn":"` + subNQN + `","name":"taken","size_bytes":1048576}}`, -17, "name is taken"},
 		{`{"jsonrpc":"2.0","id":1,"method":"nvmf_subsystem_remove_host","params":{"nqn":"` + subNQN + `","host":"nqn.2026-11.io.nprdma:nobody"}}`, -2, "allow-list"},
+		{`{"jsonrpc":"2.0","id":1,"method":"nvmf_subsystem_remove_host","params":{"nqn":"` + subNQN + `","host":"` + hostNQN + `","dhchap_key_file":"/k"}}`, manage.CodeInvalidParams, "nvmf_subsystem_add_host only"},
+		{`{"jsonrpc":"2.0","id":1,"method":"nvmf_subsystem_remove_host","params":{"nqn":"` + subNQN + `","host":"` + hostNQN + `","dhchap_ctrl_key_file":"/k"}}`, manage.CodeInvalidParams, "nvmf_subsystem_add_host only"},
+		{`{"jsonrpc":"2.0","id":1,"method":"nvmf_subsystem_add_host","params":{"nqn":"` + subNQN + `","host":"nqn.2026-11.io.nprdma:keyed","dhchap_ctrl_key_file":"/k"}}`, -22, "needs the host's key file"},
 	} {
 		resp, err := hc.Post("http://unix/rpc", "application/json", strings.NewReader(c.body))
 		if err != nil {

@@ -45,6 +45,18 @@ func newManageRig(t testing.TB) *manageRig {
 	return r
 }
 
+// restart shuts the rig's target down and starts it again (start, without
+// extra namespaces).
+func (r *manageRig) restart(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.tg.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.adminRig = r.start(t, nil)
+}
+
 // start starts a target on the rig's directories with the configuration's
 // namespace 3 and those of extra (NSID: path), then restores what the
 // management API created before.
@@ -551,6 +563,9 @@ func TestManageBadRequestsChangeNothing(t *testing.T) {
 		{"missing host key file", func() error {
 			return r.tg.AddHost(subNQN, target.HostConfig{NQN: "nqn.2026-11.io.nprdma:keyed", DHCHAPKeyFile: filepath.Join(t.TempDir(), "none.key")})
 		}, target.ErrInvalid, "DH-HMAC-CHAP"},
+		{"controller key file without the host's", func() error {
+			return r.tg.AddHost(subNQN, target.HostConfig{NQN: "nqn.2026-11.io.nprdma:keyed", DHCHAPCtrlKeyFile: filepath.Join(t.TempDir(), "ctrl.key")})
+		}, target.ErrInvalid, "needs the host's key file"},
 		{"shrink", func() error { _, err := r.tg.ResizeNamespace(subNQN, 1, 4096*16); return err }, target.ErrInvalid, "only grow"},
 		{"beyond the maximum size", func() error { _, err := r.tg.ResizeNamespace(subNQN, 1, 1<<40); return err }, target.ErrInvalid, "max size"},
 		{"resize of an unknown namespace", func() error { _, err := r.tg.ResizeNamespace(subNQN, 9, 1<<20); return err }, target.ErrNotFound, "no such namespace"},

@@ -85,8 +85,10 @@ type subsystemRecord struct {
 	Serial string   `json:"serial"`
 	Hosts  []string `json:"hosts,omitempty"`
 	// HostKeys names the DH-HMAC-CHAP key file of each host added through
-	// the management API with one (host NQN to path; never the secret).
+	// the management API with one (host NQN to path; never the secret),
+	// HostCtrlKeys the controller's key file of those given one too.
 	HostKeys     map[string]string `json:"host_keys,omitempty"`
+	HostCtrlKeys map[string]string `json:"host_ctrl_keys,omitempty"`
 	AllowAnyHost bool              `json:"allow_any_host"`
 	Created      time.Time         `json:"created"`
 	// Managed: created through the management API (kept under

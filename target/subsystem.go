@@ -95,7 +95,7 @@ func (t *Target) AddSubsystem(cfg SubsystemConfig) (*Subsystem, error) {
 	for _, h := range rec.Hosts {
 		s.hosts[h] = true
 	}
-	s.restoreKeys(rec.HostKeys)
+	s.restoreKeys(rec.hostKeyFiles())
 	for _, h := range cfg.AllowHosts {
 		if !s.hosts[h] {
 			s.hosts[h] = true
@@ -164,9 +164,9 @@ func (s *Subsystem) Allows(host string) bool {
 // wrapping ErrMetadataStore) the host is not added.
 func (s *Subsystem) AllowHost(host string) error { return s.allowHost(host, nil) }
 
-// allowHost adds host to the allow-list, with k its key file (nil: none).
-// A host allowed already keeps its key file unless k names another, which
-// replaces it; k naming the same file takes the secret just read.
+// allowHost adds host to the allow-list, with k its key files (nil:
+// none). A host allowed already keeps its key files unless k names others,
+// which replace them; k naming the same files takes the secrets just read.
 func (s *Subsystem) allowHost(host string, k *hostKey) error {
 	if err := nvme.ValidateNQN(host); err != nil {
 		return fmt.Errorf("target: subsystem %s: host %q: %w", s.nqn, host, err)
@@ -174,12 +174,13 @@ func (s *Subsystem) allowHost(host string, k *hostKey) error {
 	s.recordMu.Lock()
 	defer s.recordMu.Unlock()
 	s.mu.Lock()
-	listed, old, keys := s.hosts[host], s.keys[host], s.keyPathsLocked()
-	if listed && k != nil && old != nil && old.path == k.path {
+	listed, old, keys := s.hosts[host], s.keys[host], s.keyFilesLocked()
+	same := k != nil && old != nil && old.files == k.files
+	if listed && same {
 		s.keys[host] = k
 	}
 	s.mu.Unlock()
-	if listed && (k == nil || (old != nil && old.path == k.path)) {
+	if listed && (k == nil || same) {
 		return nil
 	}
 	hosts := s.Hosts()
@@ -203,8 +204,8 @@ func (s *Subsystem) allowHost(host string, k *hostKey) error {
 }
 
 // record writes the subsystem's record with hosts as its host list and keys
-// as their key files (host NQN to path).
-func (s *Subsystem) record(hosts []string, keys map[string]string) error {
+// as their key files (by host NQN).
+func (s *Subsystem) record(hosts []string, keys map[string]keyFiles) error {
 	if s.t.meta == nil {
 		return nil
 	}
@@ -216,7 +217,8 @@ func (s *Subsystem) record(hosts []string, keys map[string]string) error {
 		rec = subsystemRecord{NQN: s.nqn, Serial: s.serial, Created: time.Now().UTC(), Managed: s.managed}
 	}
 	sort.Strings(hosts)
-	rec.Hosts, rec.HostKeys = hosts, keys
+	rec.Hosts = hosts
+	rec.setHostKeyFiles(keys)
 	rec.AllowAnyHost = s.AllowsAnyHost()
 	return s.t.meta.putSubsystem(rec)
 }

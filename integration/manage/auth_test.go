@@ -27,16 +27,13 @@ import (
 // connection made before goes on); after a restart the host must still
 // authenticate, with the secret in the file. No secret reaches the log.
 func TestCtlAddHostWithKeyFile(t *testing.T) {
-	const keyed, host = "nqn.2026-11.io.nprdma:keyed", "nqn.2026-11.io.nprdma:keyed-host"
 	dir := t.TempDir()
-	p := startTarget(t, dir, "--log-level", "info")
-	mustCtl(t, p, "create-subsys", keyed)
-	mustCtl(t, p, "create-ns", keyed, "--name", "k", "--size", "4MiB")
+	p := startKeyed(t, dir)
 	key := filepath.Join(dir, "host.key")
 	old := writeSecret(t, key)
-	mustCtl(t, p, "add-host", keyed, host, "--dhchap-secret-file", key)
+	mustCtl(t, p, "add-host", keyed, keyedHost, "--dhchap-secret-file", key)
 
-	c, err := connectKeyed(t, p, keyed, host, old)
+	c, err := connectKeyed(t, p, keyed, keyedHost, old)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +55,7 @@ func TestCtlAddHostWithKeyFile(t *testing.T) {
 	readBack(n)
 	refused := func(when string, s *dhchap.Secret, want error) {
 		t.Helper()
-		if _, err := connectKeyed(t, p, keyed, host, s); !errors.Is(err, want) {
+		if _, err := connectKeyed(t, p, keyed, keyedHost, s); !errors.Is(err, want) {
 			t.Fatalf("%s: %v, want %v", when, err, want)
 		}
 	}
@@ -66,18 +63,9 @@ func TestCtlAddHostWithKeyFile(t *testing.T) {
 	refused("another secret", newSecret(t), dhchap.ErrRejected)
 
 	replaced := writeSecret(t, key)
-	if err := p.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(p.Log(), "management API's DH-HMAC-CHAP key files reloaded") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no reload logged:\n%s", p.Log())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	reloadKeys(t, p)
 	refused("the secret before SIGHUP", old, dhchap.ErrRejected)
-	if _, err := connectKeyed(t, p, keyed, host, replaced); err != nil {
+	if _, err := connectKeyed(t, p, keyed, keyedHost, replaced); err != nil {
 		t.Fatalf("the secret read on SIGHUP: %v", err)
 	}
 	readBack(n)
@@ -86,7 +74,7 @@ func TestCtlAddHostWithKeyFile(t *testing.T) {
 	p.Stop(t)
 	p = startTarget(t, dir, "--log-level", "info")
 	refused("after a restart, no secret", nil, initiator.ErrAuthenticationRequired)
-	c, err = connectKeyed(t, p, keyed, host, replaced)
+	c, err = connectKeyed(t, p, keyed, keyedHost, replaced)
 	if err != nil {
 		t.Fatalf("after a restart: %v", err)
 	}
@@ -99,6 +87,94 @@ func TestCtlAddHostWithKeyFile(t *testing.T) {
 			t.Fatal("a secret is in the target's log")
 		}
 	}
+}
+
+// TestCtlAddHostWithCtrlKeyFile: `ctl add-host --dhchap-ctrl-secret-file`
+// (a relative path, which ctl makes absolute) gives the target the
+// controller's secret for the host: the host authenticates bidirectionally
+// and writes and reads back; with another controller secret it finds that
+// the target did not prove itself. Without --dhchap-secret-file the
+// command is refused. SIGHUP reads a replaced file, and a restart keeps
+// it. No secret reaches the log.
+func TestCtlAddHostWithCtrlKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	p := startKeyed(t, dir)
+	key, ctrlKey := filepath.Join(dir, "host.key"), filepath.Join(dir, "ctrl.key")
+	hs, old := writeSecret(t, key), writeSecret(t, ctrlKey)
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	relCtrlKey, err := filepath.Rel(wd, ctrlKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl(t, p, "add-host", keyed, keyedHost, "--dhchap-ctrl-secret-file", ctrlKey); err == nil || !strings.Contains(err.Error(), "needs the host's key file") {
+		t.Fatalf("--dhchap-ctrl-secret-file alone: %v", err)
+	}
+	mustCtl(t, p, "add-host", keyed, keyedHost, "--dhchap-secret-file", key, "--dhchap-ctrl-secret-file", relCtrlKey)
+
+	connect := func(when string, ctrl *dhchap.Secret, want error) {
+		t.Helper()
+		c, err := connectKeyed(t, p, keyed, keyedHost, hs, initiator.WithDHCHAPControllerSecret(ctrl))
+		if !errors.Is(err, want) {
+			t.Fatalf("%s: %v, want %v", when, err, want)
+		}
+		if err != nil {
+			if want == dhchap.ErrControllerNotAuthenticated && !strings.Contains(err.Error(), "did not prove") {
+				t.Fatalf("%s: %v does not say the target did not prove itself", when, err)
+			}
+			return
+		}
+		n, err := c.Namespace(context.Background(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := bytes.Repeat([]byte(when), 4096/len(when)+1)[:4096]
+		got := make([]byte, len(data))
+		if _, err := n.WriteAt(data, 0); err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		if _, err := n.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s: read back: %v (equal %v)", when, err, bytes.Equal(got, data))
+		}
+		c.Close()
+	}
+	connect("bidirectionally", old, nil)
+	connect("with another controller secret", newSecret(t), dhchap.ErrControllerNotAuthenticated)
+
+	replaced := writeSecret(t, ctrlKey)
+	reloadKeys(t, p)
+	connect("with the controller secret before SIGHUP", old, dhchap.ErrControllerNotAuthenticated)
+	connect("with the controller secret read on SIGHUP", replaced, nil)
+
+	p.Stop(t)
+	log := p.Log()
+	p = startTarget(t, dir, "--log-level", "info")
+	connect("after a restart", replaced, nil)
+	connect("after a restart, with the controller secret before", old, dhchap.ErrControllerNotAuthenticated)
+	log += p.Log()
+	if !strings.Contains(log, "bidirectional=true") {
+		t.Fatalf("no bidirectional authentication logged:\n%s", log)
+	}
+	for _, s := range []*dhchap.Secret{hs, old, replaced} {
+		if strings.Contains(log, s.Encode()[10:40]) {
+			t.Fatal("a secret is in the target's log")
+		}
+	}
+}
+
+// The subsystem the key file tests create, and the host they allow on it.
+const keyed, keyedHost = "nqn.2026-11.io.nprdma:keyed", "nqn.2026-11.io.nprdma:keyed-host"
+
+// startKeyed starts a target in dir (logging at info) and creates keyed
+// with a 4 MiB namespace through ctl.
+func startKeyed(t *testing.T, dir string) *targettest.Proc {
+	t.Helper()
+	p := startTarget(t, dir, "--log-level", "info")
+	mustCtl(t, p, "create-subsys", keyed)
+	mustCtl(t, p, "create-ns", keyed, "--name", "k", "--size", "4MiB")
+	return p
 }
 
 func newSecret(t *testing.T) *dhchap.Secret {
@@ -121,17 +197,35 @@ func writeSecret(t *testing.T, path string) *dhchap.Secret {
 	return s
 }
 
+// reloadKeys sends p SIGHUP and waits until it logs that it read the
+// management API's key files again.
+func reloadKeys(t *testing.T, p *targettest.Proc) {
+	t.Helper()
+	const reloaded = "management API's DH-HMAC-CHAP key files reloaded"
+	before := strings.Count(p.Log(), reloaded)
+	if err := p.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(p.Log(), reloaded) == before {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload logged:\n%s", p.Log())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // connectKeyed connects host to sub on p over the nprdma fabric, with s
-// its DH-HMAC-CHAP secret (nil: none).
-func connectKeyed(t *testing.T, p *targettest.Proc, sub, host string, s *dhchap.Secret) (*initiator.Controller, error) {
+// its DH-HMAC-CHAP secret (nil: none) and opts.
+func connectKeyed(t *testing.T, p *targettest.Proc, sub, host string, s *dhchap.Secret, opts ...initiator.Option) (*initiator.Controller, error) {
 	t.Helper()
 	dev := nprdma.NewDevice(tcp.New(), nprdma.WithPinning(false))
 	t.Cleanup(func() { dev.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	opts := []initiator.Option{initiator.WithIOQueues(1), initiator.WithHostNQN(host),
+	opts = append([]initiator.Option{initiator.WithIOQueues(1), initiator.WithHostNQN(host),
 		initiator.WithStateFile(filepath.Join(t.TempDir(), "hostid")), initiator.WithControllerLossTimeout(time.Second),
-		initiator.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
+		initiator.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)
 	if s != nil {
 		opts = append(opts, initiator.WithDHCHAPSecret(s))
 	}

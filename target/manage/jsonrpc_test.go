@@ -48,6 +48,27 @@ func TestDecodeParamsIsStrict(t *testing.T) {
 	}
 }
 
+// TestHostParamsKeyFiles: add-host's key files travel under their JSON
+// names, and a request without them leaves them out.
+func TestHostParamsKeyFiles(t *testing.T) {
+	p := HostParams{NQN: "n", Host: "h", DHCHAPKeyFile: "/k/host.key", DHCHAPCtrlKeyFile: "/k/ctrl.key"}
+	b, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `{"nqn":"n","host":"h","dhchap_key_file":"/k/host.key","dhchap_ctrl_key_file":"/k/ctrl.key"}`
+	if string(b) != want {
+		t.Fatalf("%s, want %s", b, want)
+	}
+	var back HostParams
+	if err := DecodeParams(b, &back); err != nil || back != p {
+		t.Fatalf("decoded %+v %v, want %+v", back, err, p)
+	}
+	if b, _ := json.Marshal(HostParams{NQN: "n", Host: "h"}); string(b) != `{"nqn":"n","host":"h"}` {
+		t.Fatalf("without key files: %s", b)
+	}
+}
+
 func TestErrorKindsTravel(t *testing.T) {
 	for _, k := range kinds {
 		e := ErrorFor(errors.Join(errors.New("context"), k.err))

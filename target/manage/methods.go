@@ -11,7 +11,7 @@ const (
 	MethodDeleteSubsystem = "nvmf_delete_subsystem"
 	// MethodAddHost: HostParams; true.
 	MethodAddHost = "nvmf_subsystem_add_host"
-	// MethodRemoveHost: HostParams (no key file); true.
+	// MethodRemoveHost: HostParams (no key files); true.
 	MethodRemoveHost = "nvmf_subsystem_remove_host"
 	// MethodAddNamespace: AddNamespaceParams; a NamespaceInfo.
 	MethodAddNamespace = "nvmf_subsystem_add_ns"
@@ -43,6 +43,11 @@ type HostParams struct {
 	// only): an absolute path on the target's machine, a file only its
 	// owner may read; the host must then authenticate on every queue.
 	DHCHAPKeyFile string `json:"dhchap_key_file,omitempty"`
+	// DHCHAPCtrlKeyFile names a file with the controller's secret for the
+	// host (add only, with DHCHAPKeyFile; the same rules): the target
+	// proves itself with it when the host asks (bidirectional
+	// authentication).
+	DHCHAPCtrlKeyFile string `json:"dhchap_ctrl_key_file,omitempty"`
 }
 
 // AddNamespaceParams creates a namespace (target.NamespaceRequest).
