@@ -217,9 +217,6 @@ func (n *NBDKit) Stop() error {
 // Exited reports whether the server has exited (on its own or by Stop).
 func (n *NBDKit) Exited() bool { return n.proc.Exited() }
 
-// Log returns what nbdkit wrote to stdout and stderr so far.
-func (n *NBDKit) Log() string { return n.proc.Output(0) }
-
 // FreeLoopbackPort returns a TCP port on 127.0.0.1 that nothing listens on
 // now; someone may take it before the caller binds it, so a server started
 // on it should be retried on "address already in use".

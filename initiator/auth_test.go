@@ -244,15 +244,6 @@ func TestImpostorGetsNothing(t *testing.T) {
 	}
 }
 
-func mustCmd(t *testing.T) func(nvme.Command, error) nvme.Command {
-	return func(c nvme.Command, err error) nvme.Command {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-}
 
 // TestDiscoverWithSecretConfigured: discovery does not authenticate (as
 // nvmet), so a host with a secret configured still discovers.

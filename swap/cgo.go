@@ -92,15 +92,6 @@ func (cr *cRegion) install(page int, src []byte, overwrite bool) (bool, error) {
 	return rc == 1, nil
 }
 
-// installRun maps n consecutive pages from src; it returns how many it mapped.
-func (cr *cRegion) installRun(first, n int, src []byte) (int, error) {
-	rc := C.swap_install_run(cr.c, C.uint64_t(first), C.uint64_t(n), unsafe.Pointer(&src[0]))
-	if rc < 0 {
-		return 0, syscall.Errno(-rc)
-	}
-	return int(rc), nil
-}
-
 // release unmaps pages (ascending, busy held, readers drained) and returns how
 // many were present.
 func (cr *cRegion) release(pages []uint64, setZero bool) int {

@@ -9,7 +9,6 @@ import "sync/atomic"
 // cleared here; new pages start unreferenced, so the access that faulted a
 // page in does not count as a reuse.
 type evictionPolicy interface {
-	name() string
 	// insert adds a page that just became tracked.
 	insert(page uint32)
 	// next removes and returns the page the policy would evict now, after
@@ -76,7 +75,6 @@ func (ref referenced) testAndClear(page uint32) bool {
 // hand; a referenced page loses its bit and goes to the tail.
 type clockPolicy struct{ q deque }
 
-func (p *clockPolicy) name() string       { return PolicyCLOCK.String() }
 func (p *clockPolicy) insert(page uint32) { p.q.pushBack(page) }
 func (p *clockPolicy) len() int           { return p.q.len() }
 func (p *clockPolicy) putBack(c candidate) {
@@ -114,8 +112,7 @@ type s3fifoPolicy struct {
 	ghost       *ghostSet
 }
 
-func (p *s3fifoPolicy) name() string { return PolicyS3FIFO.String() }
-func (p *s3fifoPolicy) len() int     { return p.small.len() + p.main.len() }
+func (p *s3fifoPolicy) len() int { return p.small.len() + p.main.len() }
 
 func (p *s3fifoPolicy) insert(page uint32) {
 	if p.ghost.remove(page) {
@@ -223,8 +220,6 @@ func (g *ghostSet) remove(page uint32) bool {
 	}
 	return false
 }
-
-func (g *ghostSet) len() int { return len(g.member) }
 
 // deque is a growable ring buffer of page numbers.
 type deque struct {

@@ -567,17 +567,6 @@ int swap_install(struct swap_region *r, uint64_t page, const void *src, int over
 	return rc;
 }
 
-int swap_install_run(struct swap_region *r, uint64_t first, uint64_t n, const void *src) {
-	int mapped = 0;
-	for (uint64_t i = 0; i < n; i++) {
-		int rc = swap_install(r, first + i, (const char *)src + i * PS, 0);
-		if (rc < 0)
-			return rc;
-		mapped += rc;
-	}
-	return mapped;
-}
-
 void swap_heal(struct swap_region *r, uint64_t page) {
 	uint64_t *w = &r->states[page];
 	page_lock(w);

@@ -103,11 +103,6 @@ void swap_region_destroy(struct swap_region *r);
 // holds the page's busy bit.
 int swap_install(struct swap_region *r, uint64_t page, const void *src, int overwrite);
 
-// swap_install_run installs n consecutive pages from src (n pages long), as n
-// calls of swap_install without overwrite. Returns how many it mapped, or
-// -errno (pages before the failure stay installed and present).
-int swap_install_run(struct swap_region *r, uint64_t first, uint64_t n, const void *src);
-
 // swap_release unmaps the given pages (ascending) and clears present; with
 // setzero it marks them zero, otherwise it keeps their zero bit. The caller
 // holds busy on each and has drained its readers. Returns how many were

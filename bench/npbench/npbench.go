@@ -35,8 +35,6 @@ func (c *latencyCase) add(samples []time.Duration) {
 	c.all = append(c.all, samples...)
 }
 
-func (c *latencyCase) meanP50() float64 { return bench.MeanFloat(c.p50) }
-func (c *latencyCase) meanP99() float64 { return bench.MeanFloat(c.p99) }
 
 // cdf is the pooled distribution of every round.
 func (c *latencyCase) cdf() []bench.Point {

@@ -294,12 +294,6 @@ func (d *Device) Close() error {
 	return errors.Join(errs...)
 }
 
-func (d *Device) isClosed() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.closed
-}
-
 // hwContext is the state of one device context shared by every Device of
 // the process on it: the asynchronous events (a queue pair that failed at
 // the responder, a CQ overrun) arrive on the context, so one goroutine
