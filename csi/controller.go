@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"path/filepath"
 	"sort"
 	"strconv"
 
@@ -22,11 +24,15 @@ type controller struct {
 	d *Driver
 }
 
-// Publish and volume context keys: where a node finds the volume.
+// Publish and volume context keys: where a node finds the volume; and, in
+// the volume context, the key files with which ControllerPublishVolume
+// makes the node's host authenticate (paramDHCHAPKeyFile).
 const (
-	ctxAddress = "nprdma.io/target-address"
-	ctxNQN     = "nprdma.io/nqn"
-	ctxNSID    = "nprdma.io/nsid"
+	ctxAddress           = "nprdma.io/target-address"
+	ctxNQN               = "nprdma.io/nqn"
+	ctxNSID              = "nprdma.io/nsid"
+	ctxDHCHAPKeyFile     = "nprdma.io/dhchap-key-file"
+	ctxDHCHAPCtrlKeyFile = "nprdma.io/dhchap-ctrl-key-file"
 )
 
 // blockSize is the granularity of a volume's size.
@@ -38,7 +44,17 @@ const defaultVolumeSize = 1 << 30
 // Parameters a StorageClass may give.
 const (
 	paramBudget = "budget" // the namespace's DRAM budget, e.g. "256MiB"
+	// paramDHCHAPKeyFile is a key file on the target's machine holding the
+	// host secret every node publishing the volume must authenticate with
+	// (the node-stage Secret's dhchapSecret); paramDHCHAPCtrlKeyFile the
+	// controller's secret, for bidirectional authentication (its
+	// dhchapCtrlSecret). The target reads them (target/manage add-host).
+	paramDHCHAPKeyFile     = "dhchapKeyFile"
+	paramDHCHAPCtrlKeyFile = "dhchapCtrlKeyFile"
 )
+
+// keyFileContext is the volume context key of each key file parameter.
+var keyFileContext = map[string]string{paramDHCHAPKeyFile: ctxDHCHAPKeyFile, paramDHCHAPCtrlKeyFile: ctxDHCHAPCtrlKeyFile}
 
 func (c controller) ControllerGetCapabilities(context.Context, *csipb.ControllerGetCapabilitiesRequest) (*csipb.ControllerGetCapabilitiesResponse, error) {
 	var caps []*csipb.ControllerServiceCapability
@@ -141,15 +157,24 @@ func (c controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeReq
 		return nil, err
 	}
 	var budget int64
+	keys := map[string]string{}
 	for k, v := range req.GetParameters() {
 		switch k {
 		case paramBudget:
 			if budget, err = sizes.Parse(v); err != nil {
 				return nil, status.Errorf(codes.InvalidArgument, "parameter %s: %v", k, err)
 			}
+		case paramDHCHAPKeyFile, paramDHCHAPCtrlKeyFile:
+			if !filepath.IsAbs(v) {
+				return nil, status.Errorf(codes.InvalidArgument, "parameter %s: %q is not an absolute path (of a file on the targets' machines)", k, v)
+			}
+			keys[keyFileContext[k]] = v
 		default:
-			return nil, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: %s)", k, paramBudget)
+			return nil, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: %s, %s, %s)", k, paramBudget, paramDHCHAPKeyFile, paramDHCHAPCtrlKeyFile)
 		}
+	}
+	if keys[ctxDHCHAPCtrlKeyFile] != "" && keys[ctxDHCHAPKeyFile] == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "parameter %s needs %s too: DH-HMAC-CHAP authenticates the host first", paramDHCHAPCtrlKeyFile, paramDHCHAPKeyFile)
 	}
 	defer c.d.locks.lock("name/" + req.GetName())()
 
@@ -163,10 +188,10 @@ func (c controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeReq
 			if existing.SizeBytes < req.GetCapacityRange().GetRequiredBytes() || (limit > 0 && existing.SizeBytes > limit) {
 				return nil, status.Errorf(codes.AlreadyExists, "volume %q exists with %d bytes, outside the range asked for (%v)", req.GetName(), existing.SizeBytes, req.GetCapacityRange())
 			}
-			return &csipb.CreateVolumeResponse{Volume: c.volumeOf(t, v, existing.SizeBytes)}, nil
+			return &csipb.CreateVolumeResponse{Volume: c.volumeOf(t, v, existing.SizeBytes, keys)}, nil
 		}
 		// Its subsystem without the namespace: finish the create there.
-		return c.create(ctx, t, v, size, limit, budget, false)
+		return c.create(ctx, t, v, size, limit, budget, keys, false)
 	}
 
 	// A new volume: the target with the most room that can hold it.
@@ -182,7 +207,7 @@ func (c controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeReq
 	sort.SliceStable(fits, func(i, j int) bool { return fits[i].inv.AvailableBytes > fits[j].inv.AvailableBytes })
 	var errs []error
 	for _, in := range fits {
-		resp, err := c.create(ctx, in.target, volumeFor(in.target.Name, req.GetName()), size, limit, budget, true)
+		resp, err := c.create(ctx, in.target, volumeFor(in.target.Name, req.GetName()), size, limit, budget, keys, true)
 		if err == nil || status.Code(err) == codes.InvalidArgument {
 			return resp, err
 		}
@@ -192,8 +217,9 @@ func (c controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeReq
 }
 
 // create makes volume v on target t: its subsystem (unless it exists), then
-// its namespace; a failure removes the subsystem it made.
-func (c controller) create(ctx context.Context, t Target, v volume, size, limit, budget int64, newSubsystem bool) (*csipb.CreateVolumeResponse, error) {
+// its namespace; a failure removes the subsystem it made. keys go to the
+// volume's context.
+func (c controller) create(ctx context.Context, t Target, v volume, size, limit, budget int64, keys map[string]string, newSubsystem bool) (*csipb.CreateVolumeResponse, error) {
 	mc, err := c.d.targets.client(t)
 	if err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
@@ -212,12 +238,15 @@ func (c controller) create(ctx context.Context, t Target, v volume, size, limit,
 		return nil, grpcError(err, "target %s: creating the namespace of volume %s", t.Name, v.id())
 	}
 	c.d.cfg.log.Info("csi: volume created", "volume", v.id(), "target", t.Name, "size", n.SizeBytes, "budget", n.BudgetBytes)
-	return &csipb.CreateVolumeResponse{Volume: c.volumeOf(t, v, n.SizeBytes)}, nil
+	return &csipb.CreateVolumeResponse{Volume: c.volumeOf(t, v, n.SizeBytes, keys)}, nil
 }
 
-func (c controller) volumeOf(t Target, v volume, size int64) *csipb.Volume {
-	return &csipb.Volume{VolumeId: v.id(), CapacityBytes: size, VolumeContext: map[string]string{
-		ctxAddress: t.Address, ctxNQN: v.nqn(), ctxNSID: strconv.Itoa(volumeNSID)}}
+// volumeOf is volume v of size bytes on t, with the key files in keys (by
+// context key) in its context.
+func (c controller) volumeOf(t Target, v volume, size int64, keys map[string]string) *csipb.Volume {
+	ctx := map[string]string{ctxAddress: t.Address, ctxNQN: v.nqn(), ctxNSID: strconv.Itoa(volumeNSID)}
+	maps.Copy(ctx, keys)
+	return &csipb.Volume{VolumeId: v.id(), CapacityBytes: size, VolumeContext: ctx}
 }
 
 // lookup resolves a volume ID to its target and client; a malformed ID or
@@ -306,7 +335,10 @@ func (c controller) ControllerPublishVolume(ctx context.Context, req *csipb.Cont
 	if _, err := namespaceOf(ctx, mc, t, v); err != nil {
 		return nil, err
 	}
-	if err := mc.AddHost(ctx, manage.HostParams{NQN: v.nqn(), Host: req.GetNodeId()}); err != nil {
+	// With the volume's key files, the node's host must authenticate.
+	vc := req.GetVolumeContext()
+	if err := mc.AddHost(ctx, manage.HostParams{NQN: v.nqn(), Host: req.GetNodeId(),
+		DHCHAPKeyFile: vc[ctxDHCHAPKeyFile], DHCHAPCtrlKeyFile: vc[ctxDHCHAPCtrlKeyFile]}); err != nil {
 		return nil, grpcError(err, "target %s: publishing volume %s to %s", t.Name, v.id(), req.GetNodeId())
 	}
 	return &csipb.ControllerPublishVolumeResponse{PublishContext: map[string]string{

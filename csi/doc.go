@@ -4,6 +4,8 @@
 // capacity of those it is given, through each target's management API
 // (target/manage), and lets a node's host in by adding its host NQN to that
 // subsystem; its node service attaches the namespace with the
-// nprdma-initiator binary (fuse mode: a loop device), makes a file system
-// where there is none, and mounts it. docs/kubernetes.md describes it.
+// nprdma-initiator binary (fuse mode: a loop device), authenticating with
+// the DH-HMAC-CHAP secrets of the request where the target requires it
+// (dhchap.go), makes a file system where there is none, and mounts it.
+// docs/kubernetes.md describes it.
 package csi

@@ -90,8 +90,14 @@ func New(opts ...Option) (*Driver, error) {
 		}
 		d.targets = ts
 	}
-	if cfg.node && (cfg.hostNQN == "" || cfg.initiator == "" || cfg.runDir == "") {
-		return nil, errors.New("csi: the node service needs a host NQN, the nprdma-initiator binary and a run directory")
+	if cfg.node {
+		if cfg.hostNQN == "" || cfg.initiator == "" || cfg.runDir == "" {
+			return nil, errors.New("csi: the node service needs a host NQN, the nprdma-initiator binary and a run directory")
+		}
+		// Secrets a plugin that died in the middle of an attach left behind.
+		if err := os.RemoveAll(d.secretsDir()); err != nil {
+			return nil, fmt.Errorf("csi: %w", err)
+		}
 	}
 	return d, nil
 }
@@ -131,7 +137,12 @@ func (d *Driver) Register(srv *grpc.Server) {
 	}
 }
 
+// logCalls logs every call: its request (secrets redacted) at debug, and
+// its error.
 func (d *Driver) logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if d.cfg.log.Enabled(ctx, slog.LevelDebug) {
+		d.cfg.log.Debug("csi: request", "method", info.FullMethod, "request", redacted(req))
+	}
 	resp, err := h(ctx, req)
 	if err != nil {
 		d.cfg.log.Warn("csi: call failed", "method", info.FullMethod, "err", err)

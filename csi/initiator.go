@@ -89,10 +89,16 @@ func (d *Driver) attachmentNamed(ctx context.Context, name string) (*attachment,
 }
 
 // attach attaches namespace nsid of nqn at addr as a loop device, named
-// name, and returns its record.
-func (d *Driver) attach(ctx context.Context, name, addr, nqn string, nsid uint32) (*attachment, error) {
-	out, err := d.initiator(ctx, "attach", "--target", addr, "--nqn", nqn, "--nsid", strconv.FormatUint(uint64(nsid), 10),
-		"--mode", "fuse", "--name", name, "--daemon", "--json", "--run-dir", d.cfg.runDir)
+// name, authenticating with secrets where the target requires it, and
+// returns its record.
+func (d *Driver) attach(ctx context.Context, name, addr, nqn string, nsid uint32, secrets stageSecrets) (*attachment, error) {
+	secretArgs, remove, err := d.writeSecretFiles(name, secrets)
+	if err != nil {
+		return nil, fmt.Errorf("writing the DH-HMAC-CHAP secrets for nprdma-initiator: %w", err)
+	}
+	defer remove()
+	out, err := d.initiator(ctx, append(secretArgs, "attach", "--target", addr, "--nqn", nqn, "--nsid", strconv.FormatUint(uint64(nsid), 10),
+		"--mode", "fuse", "--name", name, "--daemon", "--json", "--run-dir", d.cfg.runDir)...)
 	if err != nil {
 		return nil, err
 	}

@@ -102,6 +102,10 @@ func (n node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeReq
 	if err != nil {
 		return nil, err
 	}
+	secrets, err := parseStageSecrets(req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
 	defer n.d.locks.lock(v.id())()
 	a, err := n.d.attachmentNamed(ctx, v.attachName())
 	if err != nil {
@@ -117,8 +121,8 @@ func (n node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeReq
 		a = nil
 	}
 	if a == nil {
-		if a, err = n.d.attach(ctx, v.attachName(), addr, nqn, nsid); err != nil {
-			return nil, status.Errorf(codes.Internal, "volume %s: %v", v.id(), err)
+		if a, err = n.d.attach(ctx, v.attachName(), addr, nqn, nsid, secrets); err != nil {
+			return nil, attachError(v, err)
 		}
 		n.d.cfg.log.Info("csi: volume attached", "volume", v.id(), "device", a.LoopDevice)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 
 	"github.com/nprdma/nprdma/internal/gobuild"
+	"github.com/nprdma/nprdma/internal/logtest"
 	"github.com/nprdma/nprdma/internal/mountinfo"
 	"github.com/nprdma/nprdma/internal/targettest"
 	"github.com/nprdma/nprdma/target/manage"
@@ -52,6 +53,7 @@ type rig struct {
 	endpoint string
 	runDir   string
 	hostNQN  string
+	log      logtest.Buffer // the driver's log
 }
 
 func newRig(t *testing.T, node bool) *rig {
@@ -64,10 +66,13 @@ func newRig(t *testing.T, node bool) *rig {
 		r.targets = append(r.targets, p)
 		list = append(list, Target{Name: name, Manage: "unix:" + p.Socket, Address: p.Addr})
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// Every line at debug (requests included), kept for tests that read
+	// the log; shown too with -v.
+	var w io.Writer = &r.log
 	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		w = io.MultiWriter(w, os.Stderr)
 	}
+	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	opts := []Option{WithController(list), WithLogger(log)}
 	if node {
 		ini := gobuild.Command(t, "nprdma-initiator", "NPRDMA_INITIATOR_BIN")
@@ -146,17 +151,26 @@ func TestSanity(t *testing.T) {
 			t.Errorf("target %d still serves subsystem %s with %d namespaces", i+1, s.NQN, len(s.Namespaces))
 		}
 	}
+	r.checkNothingLeft(t, "after csi-sanity", dir)
+}
+
+// checkNothingLeft fails the test (saying when) if an attachment is left
+// on the node, or a mount under the run directory or dirs.
+func (r *rig) checkNothingLeft(t *testing.T, when string, dirs ...string) {
+	t.Helper()
 	a, err := exec.Command(r.driver.cfg.initiator, "list", "--json", "--run-dir", r.runDir).Output()
 	if err != nil || strings.TrimSpace(string(a)) != "[]" {
-		t.Errorf("attachments left: %s (%v)", a, err)
+		t.Errorf("%s: attachments left: %s (%v)", when, a, err)
 	}
 	mounts, err := mountinfo.Read()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range mounts {
-		if strings.HasPrefix(m.MountPoint, dir) || strings.HasPrefix(m.MountPoint, r.runDir) {
-			t.Errorf("mount left at %s (%s)", m.MountPoint, m.FSType)
+		for _, d := range append(dirs, r.runDir) {
+			if strings.HasPrefix(m.MountPoint, d) {
+				t.Errorf("%s: mount left at %s (%s)", when, m.MountPoint, m.FSType)
+			}
 		}
 	}
 }

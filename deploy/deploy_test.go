@@ -213,3 +213,78 @@ func TestManifests(t *testing.T) {
 		}
 	}
 }
+
+// TestStorageClassSecrets: a StorageClass that names DH-HMAC-CHAP key files
+// names a node-stage Secret too, and the other way round; the Secret is
+// defined, in the namespace named, with the keys the node plugin reads
+// (dhchapSecret, and dhchapCtrlSecret with a controller key file); and
+// each key file is that Secret's key of the same name as the targets'
+// containers mount it, so that the targets and the nodes hold the same
+// secrets.
+func TestStorageClassSecrets(t *testing.T) {
+	objs := load(t)
+	secrets := map[string]map[string]any{} // by namespace/name: the keys
+	for _, o := range objs {
+		if o.kind() == "Secret" {
+			keys, _ := get(o.doc, "stringData").(map[string]any)
+			if keys == nil {
+				keys, _ = get(o.doc, "data").(map[string]any)
+			}
+			secrets[str(o.doc, "metadata", "namespace")+"/"+o.name()] = keys
+		}
+	}
+	// targetMounts: the Secret each nprdma-target container mounts, by
+	// mount path (the Secret's namespace/name).
+	targetMounts := map[string]string{}
+	for _, o := range objs {
+		pod := get(o.doc, "spec", "template", "spec")
+		for _, c := range list(pod, "containers") {
+			if cmd := list(c, "command"); len(cmd) == 0 || !strings.HasSuffix(fmt.Sprint(cmd[0]), "/nprdma-target") {
+				continue
+			}
+			for _, m := range list(c, "volumeMounts") {
+				for _, v := range list(pod, "volumes") {
+					if str(v, "name") == str(m, "name") && str(v, "secret", "secretName") != "" {
+						targetMounts[str(m, "mountPath")] = str(o.doc, "metadata", "namespace") + "/" + str(v, "secret", "secretName")
+					}
+				}
+			}
+		}
+	}
+	classes := 0
+	for _, sc := range objs {
+		if sc.kind() != "StorageClass" {
+			continue
+		}
+		params := get(sc.doc, "parameters")
+		secret := str(params, "csi.storage.k8s.io/node-stage-secret-namespace") + "/" + str(params, "csi.storage.k8s.io/node-stage-secret-name")
+		files := map[string]string{"dhchapSecret": str(params, "dhchapKeyFile"), "dhchapCtrlSecret": str(params, "dhchapCtrlKeyFile")}
+		if secret == "/" && files["dhchapSecret"] == "" && files["dhchapCtrlSecret"] == "" {
+			continue
+		}
+		classes++
+		if secret == "/" || files["dhchapSecret"] == "" {
+			t.Errorf("%s: key files and a node-stage secret go together (%s, dhchapKeyFile %q)", sc, secret, files["dhchapSecret"])
+			continue
+		}
+		keys, ok := secrets[secret]
+		if !ok {
+			t.Errorf("%s: node-stage secret %s is not defined", sc, secret)
+			continue
+		}
+		for key, file := range files {
+			if file == "" {
+				continue
+			}
+			if _, ok := keys[key]; !ok {
+				t.Errorf("%s: secret %s has no key %s", sc, secret, key)
+			}
+			if filepath.Base(file) != key || targetMounts[filepath.Dir(file)] != secret {
+				t.Errorf("%s: key file %s is not the key %s of %s as a target mounts it (targets mount %v)", sc, file, key, secret, targetMounts)
+			}
+		}
+	}
+	if classes == 0 {
+		t.Error("no StorageClass with DH-HMAC-CHAP secrets")
+	}
+}

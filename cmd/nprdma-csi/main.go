@@ -30,9 +30,11 @@ func newApp() *cli.App {
 		Usage: "the CSI driver of nprdma: volumes as namespaces of nprdma targets, attached as loop devices on the nodes",
 		Description: "The controller service (--mode controller) creates each volume as namespace 1 of a subsystem of its own\n" +
 			"on the target with the most free capacity among --target/--config, lets a node in by adding its host NQN\n" +
-			"(its node ID) to the subsystem, and grows volumes. The node service (--mode node) attaches a volume with\n" +
-			"nprdma-initiator (fuse mode: a loop device; root), makes a file system where there is none, mounts it at\n" +
-			"the staging path and bind-mounts it where pods use it. See docs/kubernetes.md.",
+			"(its node ID) to the subsystem (required to authenticate where the StorageClass names DH-HMAC-CHAP key\n" +
+			"files), and grows volumes. The node service (--mode node) attaches a volume with nprdma-initiator (fuse\n" +
+			"mode: a loop device; root), authenticating with the node-stage secrets dhchapSecret and dhchapCtrlSecret\n" +
+			"where the target requires DH-HMAC-CHAP, makes a file system where there is none, mounts it at the staging\n" +
+			"path and bind-mounts it where pods use it. See docs/kubernetes.md.",
 		DisableSliceFlagSeparator: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "endpoint", Value: "unix:///csi/csi.sock", Usage: "the CSI socket the sidecars and the kubelet talk to"},
