@@ -244,7 +244,6 @@ func TestImpostorGetsNothing(t *testing.T) {
 	}
 }
 
-
 // TestDiscoverWithSecretConfigured: discovery does not authenticate (as
 // nvmet), so a host with a secret configured still discovers.
 func TestDiscoverWithSecretConfigured(t *testing.T) {

@@ -35,7 +35,6 @@ func (c *latencyCase) add(samples []time.Duration) {
 	c.all = append(c.all, samples...)
 }
 
-
 // cdf is the pooled distribution of every round.
 func (c *latencyCase) cdf() []bench.Point {
 	s := slices.Clone(c.all)
