@@ -8,9 +8,15 @@
 # written by `go test` to testdata/fuzz/<FuzzName>/<hash> in the package:
 # fix the bug, keep that file (commit it) and it is a regression test from
 # then on. docs/reliability.md lists every target.
+#
+# Each input that widens coverage is minimized for at most FUZZMINIMIZETIME
+# (default 1s; go test's own default is 60s). With the default, a 10 s run of
+# nvme's targets spent most of its time minimizing: FuzzDSMRanges made 7 000
+# executions, stalled at 0/s for the rest, against 314 000 with 1 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzztime=${1:-10s}
+minimizetime=${FUZZMINIMIZETIME:-1s}
 shift || true
 pkgs=("$@")
 if [ ${#pkgs[@]} -eq 0 ]; then
@@ -26,7 +32,7 @@ trap 'rm -f "$log"' EXIT
 fuzz_one() {
 	local attempt
 	for attempt in 1 2; do
-		if go test -run '^$' -fuzz "^${2}\$" -fuzztime "$fuzztime" "$1" 2>&1 | tee "$log"; then
+		if go test -run '^$' -fuzz "^${2}\$" -fuzztime "$fuzztime" -fuzzminimizetime "$minimizetime" "$1" 2>&1 | tee "$log"; then
 			return 0
 		fi
 		if grep -q 'Failing input written to' "$log" || ! grep -q 'context deadline exceeded' "$log"; then
