@@ -143,20 +143,7 @@ func TestFaultHoldsUpNoResidentRead(t *testing.T) {
 	hot := bytes.Repeat([]byte("hot!"), target.BlockSize/4)
 	wantOK(t, exec(t, io, mc(t)(nvme.WriteCommand(tcpNSID, 5, 1, 0, nvme.SGLDescriptor{})), hot, nil), "write")
 
-	entered, release := make(chan struct{}, 1), make(chan struct{})
-	faulty.Intercept(blockdev.OpRead, func(_ blockdev.Op, off, _ int64) error {
-		if off == cold*target.BlockSize {
-			entered <- struct{}{}
-			<-release
-		}
-		return nil
-	})
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
+	entered, release := holdOps(t, faulty, blockdev.OpRead, 1, func(off int64) bool { return off == cold*target.BlockSize })
 	reads := counts(t, r, "read")
 	slow, err := io.Send(mc(t)(nvme.ReadCommand(tcpNSID, cold, 1, 0, nvme.SGLDescriptor{})), nil, target.BlockSize)
 	if err != nil {
@@ -175,8 +162,7 @@ func TestFaultHoldsUpNoResidentRead(t *testing.T) {
 		t.Fatal("the resident read returned the wrong data")
 	}
 	wantDispatched(t, r, "read", reads, 1, 1)
-	close(release)
-	released = true
+	release()
 	io.Conn.SetDeadline(time.Now().Add(nvmetcptest.Timeout))
 	c, err := io.Await(slow, nil, got)
 	if err != nil {
@@ -211,20 +197,7 @@ func TestReceiveLoopWriteWaitsForAFailedQueuesChange(t *testing.T) {
 	write := func() nvme.Command { return mc(t)(nvme.WriteCommand(tcpNSID, block, 1, 0, nvme.SGLDescriptor{})) }
 	wantOK(t, exec(t, io, write(), bytes.Repeat([]byte("zero"), target.BlockSize/4), nil), "write")
 
-	entered, release := make(chan struct{}, 1), make(chan struct{})
-	faulty.Intercept(blockdev.OpWriteFUA, func(_ blockdev.Op, off, _ int64) error {
-		if off == block*target.BlockSize {
-			entered <- struct{}{}
-			<-release
-		}
-		return nil
-	})
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
+	entered, release := holdOps(t, faulty, blockdev.OpWriteFUA, 1, func(off int64) bool { return off == block*target.BlockSize })
 	old := bytes.Repeat([]byte("old!"), target.BlockSize/4)
 	if _, err := lost.Send(mc(t)(nvme.WriteCommand(tcpNSID, block, 1, nvme.FUA, nvme.SGLDescriptor{})), old, 0); err != nil {
 		t.Fatal(err)
@@ -250,8 +223,7 @@ func TestReceiveLoopWriteWaitsForAFailedQueuesChange(t *testing.T) {
 		return promtest.Sum(t, r.reg, "nprdma_target_commands_held") == 1
 	})
 	wantDispatched(t, r, "write", writes, 0, 1)
-	close(release)
-	released = true
+	release()
 	io.Conn.SetDeadline(time.Now().Add(nvmetcptest.Timeout))
 	c, err := io.Await(cid, latest, nil)
 	if err != nil {

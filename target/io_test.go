@@ -5,6 +5,7 @@ import (
 	"context"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,18 +26,7 @@ func TestBlockedCommandsHoldUpNothing(t *testing.T) {
 		return faulty
 	})
 	o := newIOOps(t, r)
-	entered, release := make(chan struct{}, 64), make(chan struct{})
-	faulty.Intercept(blockdev.OpFlush, func(blockdev.Op, int64, int64) error {
-		entered <- struct{}{}
-		<-release
-		return nil
-	})
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
+	entered, release := holdOps(t, faulty, blockdev.OpFlush, 64, func(int64) bool { return true })
 	const blocked = 24
 	errs := make(chan error, blocked)
 	for range blocked {
@@ -59,8 +49,7 @@ func TestBlockedCommandsHoldUpNothing(t *testing.T) {
 			t.Fatal("read back wrong data while flushes were blocked")
 		}
 	}
-	close(release)
-	released = true
+	release()
 	for range blocked {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
@@ -90,4 +79,23 @@ func waitWorkers(t *testing.T, ok func(int) bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// holdOps makes faulty's op wait, where at(off) holds, until release is
+// called; entered receives once per op held (up to depth unread). release
+// may be called more than once, and the test's cleanup calls it, so that a
+// failing test does not leave the device blocked under the rig's close.
+func holdOps(t *testing.T, faulty *blockdev.Faulty, op blockdev.Op, depth int, at func(off int64) bool) (entered <-chan struct{}, release func()) {
+	in, gate := make(chan struct{}, depth), make(chan struct{})
+	faulty.Intercept(op, func(_ blockdev.Op, off, _ int64) error {
+		if at(off) {
+			in <- struct{}{}
+			<-gate
+		}
+		return nil
+	})
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	return in, release
 }
