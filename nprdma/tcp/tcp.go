@@ -131,13 +131,6 @@ func WithCongestionControl(name string) Option {
 	return func(p *Provider) { p.congestion = name }
 }
 
-// controlSocket applies the provider's socket options that must be set
-// before a connection exists: the congestion control (accepted connections
-// inherit their listener's).
-func (p *Provider) controlSocket(network, address string, c syscall.RawConn) error {
-	return CongestionControl(p.congestion)(network, address, c)
-}
-
 // CongestionControl is a net.Dialer or net.ListenConfig Control that sets a
 // socket's TCP congestion control to name ("": leaves the system's), as
 // WithCongestionControl does for the provider's connections; for a plain
@@ -264,7 +257,7 @@ func readCM(rd *reader, want ...byte) (cmFrame, error) {
 
 // Dial implements link.Provider.
 func (p *Provider) Dial(ctx context.Context, addr string, hello link.Hello) (link.Link, link.Hello, error) {
-	d := net.Dialer{Control: p.controlSocket}
+	d := net.Dialer{Control: CongestionControl(p.congestion)}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, link.Hello{}, err
@@ -305,7 +298,8 @@ func (p *Provider) Dial(ctx context.Context, addr string, hello link.Hello) (lin
 
 // Listen implements link.Provider.
 func (p *Provider) Listen(addr string) (link.Listener, error) {
-	lc := net.ListenConfig{Control: p.controlSocket}
+	// Accepted connections inherit the listener's congestion control.
+	lc := net.ListenConfig{Control: CongestionControl(p.congestion)}
 	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return nil, err
